@@ -1,0 +1,1 @@
+//! allocsim-replay
