@@ -1,1 +1,8 @@
-fn main() {}
+//! `allocsim`: replay PyTorch CUDA caching-allocator snapshots through an exact model.
+
+mod cli;
+mod size;
+
+fn main() {
+    std::process::exit(cli::main());
+}

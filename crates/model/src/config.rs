@@ -54,7 +54,8 @@ impl Default for AllocatorConfig {
     }
 }
 
-/// A settings string PyTorch would refuse; the message is PyTorch's own (`ValueError: ...` text).
+/// A settings string PyTorch would refuse. The message is PyTorch's C++ message, without the Python
+/// exception type (`ValueError: `) that Python puts before it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct ConfigError(pub String);
@@ -63,7 +64,7 @@ impl AllocatorConfig {
     /// Parses a `PYTORCH_CUDA_ALLOC_CONF` string onto the defaults, as at process start.
     pub fn parse(conf: &str) -> Result<AllocatorConfig, ConfigError> {
         let mut c = AllocatorConfig::default();
-        c.apply(conf)?;
+        crate::config_parse::apply_env(&mut c, conf)?;
         Ok(c)
     }
 
@@ -71,7 +72,7 @@ impl AllocatorConfig {
     /// `max_split_size`, `roundup_power2_divisions`, `garbage_collection_threshold` and
     /// `max_non_split_rounding_size` are reset first; other keys keep their value when absent.
     pub fn apply(&mut self, conf: &str) -> Result<(), ConfigError> {
-        crate::config_parse::apply(self, conf)
+        crate::config_parse::apply_runtime(self, conf)
     }
 
     /// `roundup_power2_divisions(size)`: the divisions of the interval `size` falls in.
@@ -88,7 +89,7 @@ impl AllocatorConfig {
             return K_MIN_BLOCK_SIZE;
         }
         let divisions = self.roundup_power2_divisions_for(size);
-        if divisions > 1 && size > K_MIN_BLOCK_SIZE * divisions {
+        if divisions > 1 && size > K_MIN_BLOCK_SIZE.wrapping_mul(divisions) {
             roundup_power2_next_division(size, divisions)
         } else {
             K_MIN_BLOCK_SIZE * size.div_ceil(K_MIN_BLOCK_SIZE)

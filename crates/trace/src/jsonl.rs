@@ -1,3 +1,538 @@
-//! Placeholder: being written.
-use crate::{Snapshot, TraceError};
-pub fn read(_bytes: &[u8]) -> Result<Snapshot, TraceError> { Err(TraceError::NotSnapshot("unimplemented".into())) }
+//! allocsim's own trace format: JSON Lines. This comment is the specification.
+//!
+//! A file is UTF-8 text, one JSON object per line (`\n` or `\r\n` line ends; blank lines are
+//! ignored). Readers ignore keys they do not know, so later versions may add keys.
+//!
+//! # Line 1: the header
+//!
+//! ```json
+//! {"format":"allocsim-trace","version":1,"devices":1,
+//!  "allocator_settings":{"PYTORCH_CUDA_ALLOC_CONF":"","max_split_size":-1,
+//!                        "garbage_collection_threshold":0.0,"expandable_segments":false,
+//!                        "roundup_power2_divisions":{"1":0,"2":0,"4":0}}}
+//! ```
+//!
+//! * `format` must be `"allocsim-trace"` and `version` must be `1`.
+//! * `devices` (optional): the number of devices, i.e. of per-device traces. Events must name a
+//!   device below it. When absent, the number is one more than the highest device seen.
+//! * `allocator_settings` (optional; absent = the trace recorded no settings): the keys of a torch
+//!   snapshot's `allocator_settings`, each optional: `PYTORCH_CUDA_ALLOC_CONF` (string),
+//!   `max_split_size` (integer bytes, −1 = unlimited), `garbage_collection_threshold` (number),
+//!   `expandable_segments` (bool), `roundup_power2_divisions` (object: interval start in MB as a
+//!   decimal string → divisions; the order of the keys is kept).
+//!
+//! # Event lines
+//!
+//! One per trace entry, oldest first within a device (lines of different devices may interleave):
+//!
+//! ```json
+//! {"device":0,"action":"alloc","addr":139919842344960,"size":6291456,"stream":0,"time_us":1796208315567807,
+//!  "frames":[{"name":"w_frag","filename":"gpu/record.py","line":56}]}
+//! ```
+//!
+//! * `action`: one of PyTorch's trace actions: `alloc`, `free_requested`, `free_completed`,
+//!   `segment_alloc`, `segment_free`, `segment_map`, `segment_unmap`, `oom`, `snapshot`, `annotate`.
+//! * `addr`: block or segment address (unsigned 64-bit). For `oom` the line carries
+//!   `device_free` (bytes free on the device) instead, as PyTorch does.
+//! * `size` (required): bytes, as in the PyTorch trace entry.
+//! * `device` (default 0), `stream` (raw `cudaStream_t` as unsigned 64-bit, default 0),
+//!   `time_us` (signed 64-bit, default 0).
+//! * `frames` (optional, absent = no stack): the stack, innermost frame first, each
+//!   `{"name","filename","line"}` (all three required).
+//!
+//! # Segment lines (optional)
+//!
+//! After the events, the allocator's final state, one line per segment, in the order of a torch
+//! snapshot's `segments`:
+//!
+//! ```json
+//! {"segment":{"device":0,"address":139916008751104,"total_size":20971520,"allocated_size":0,
+//!   "active_size":0,"requested_size":0,"stream":0,"segment_type":"large","segment_pool_id":[0,0],
+//!   "is_expandable":false,"blocks":[{"address":139916008751104,"size":20971520,
+//!   "requested_size":6291456,"state":"inactive"}]}}
+//! ```
+//!
+//! * `address` and `total_size` are required; `device`, `allocated_size`, `active_size`,
+//!   `requested_size`, `stream` default to 0, `segment_type` (`"large"`/`"small"`) to `"large"`,
+//!   `segment_pool_id` to `[0,0]`, `is_expandable` to false, `blocks` to `[]`.
+//! * A block needs `address`, `size` and `state` (`"active_allocated"`, `"active_pending_free"`,
+//!   `"inactive"`); `requested_size` defaults to 0; `frames` as for events.
+//!
+//! # Stacks
+//!
+//! Stacks are written inline. A reader interns them by content in first-use order (events in file
+//! order, then segment blocks); [`write()`] emits device 0's events first, then device 1's, …, so
+//! reading what [`write()`] wrote gives back an equal [`Snapshot`] whenever its stacks are numbered
+//! that way (as [`crate::snapshot::from_pickle`] and [`read()`] number them).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::io::Write;
+
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::{
+    Action, BlockState, Frame, RecordedSettings, Snapshot, SnapshotBlock, SnapshotSegment, StackId,
+    TraceEntry, TraceError,
+};
+
+pub const FORMAT: &str = "allocsim-trace";
+pub const VERSION: u64 = 1;
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+#[derive(Deserialize)]
+struct Line<'a> {
+    #[serde(borrow, default)]
+    format: Option<Cow<'a, str>>,
+    #[serde(default)]
+    version: Option<u64>,
+    #[serde(default)]
+    devices: Option<usize>,
+    #[serde(default)]
+    allocator_settings: Option<SettingsIn>,
+    #[serde(default)]
+    device: Option<usize>,
+    #[serde(borrow, default)]
+    action: Option<Cow<'a, str>>,
+    #[serde(default)]
+    addr: Option<u64>,
+    #[serde(default)]
+    device_free: Option<u64>,
+    #[serde(default)]
+    size: Option<u64>,
+    #[serde(default)]
+    stream: Option<u64>,
+    #[serde(default)]
+    time_us: Option<i64>,
+    #[serde(default)]
+    frames: Option<Vec<Frame>>,
+    #[serde(default)]
+    segment: Option<SegmentIn>,
+}
+
+#[derive(Deserialize)]
+struct SettingsIn {
+    #[serde(rename = "PYTORCH_CUDA_ALLOC_CONF", default)]
+    alloc_conf: Option<String>,
+    #[serde(default)]
+    max_split_size: Option<i64>,
+    #[serde(default)]
+    garbage_collection_threshold: Option<f64>,
+    #[serde(default)]
+    expandable_segments: Option<bool>,
+    #[serde(default)]
+    roundup_power2_divisions: Option<OrderedDivisions>,
+}
+
+/// `{"1":0,"2":4,…}` read in file order.
+struct OrderedDivisions(Vec<(u64, u64)>);
+
+impl<'de> Deserialize<'de> for OrderedDivisions {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = OrderedDivisions;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object mapping interval start in MB (decimal string) to divisions")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) = m.next_entry::<Cow<'de, str>, u64>()? {
+                    let k = k.parse::<u64>().map_err(|_| {
+                        serde::de::Error::custom(format!(
+                            "roundup_power2_divisions key {k:?} is not an integer"
+                        ))
+                    })?;
+                    out.push((k, v));
+                }
+                Ok(OrderedDivisions(out))
+            }
+        }
+        de.deserialize_map(V)
+    }
+}
+
+fn default_large() -> String {
+    "large".to_owned()
+}
+
+#[derive(Deserialize)]
+struct SegmentIn {
+    #[serde(default)]
+    device: i64,
+    address: u64,
+    total_size: u64,
+    #[serde(default)]
+    allocated_size: u64,
+    #[serde(default)]
+    active_size: u64,
+    #[serde(default)]
+    requested_size: u64,
+    #[serde(default)]
+    stream: u64,
+    #[serde(default = "default_large")]
+    segment_type: String,
+    #[serde(default)]
+    segment_pool_id: (i64, i64),
+    #[serde(default)]
+    is_expandable: bool,
+    #[serde(default)]
+    blocks: Vec<BlockIn>,
+}
+
+#[derive(Deserialize)]
+struct BlockIn {
+    address: u64,
+    size: u64,
+    #[serde(default)]
+    requested_size: u64,
+    state: String,
+    #[serde(default)]
+    frames: Option<Vec<Frame>>,
+}
+
+fn parse_state(s: &str) -> Option<BlockState> {
+    Some(match s {
+        "active_allocated" => BlockState::ActiveAllocated,
+        "active_pending_free" => BlockState::ActivePendingFree,
+        "inactive" => BlockState::Inactive,
+        _ => return None,
+    })
+}
+
+fn state_str(s: BlockState) -> &'static str {
+    match s {
+        BlockState::ActiveAllocated => "active_allocated",
+        BlockState::ActivePendingFree => "active_pending_free",
+        BlockState::Inactive => "inactive",
+    }
+}
+
+#[derive(Default)]
+struct Interner {
+    map: HashMap<Vec<Frame>, StackId>,
+    stacks: Vec<Vec<Frame>>,
+}
+
+impl Interner {
+    fn intern(&mut self, frames: Option<Vec<Frame>>) -> StackId {
+        let Some(f) = frames.filter(|f| !f.is_empty()) else {
+            return 0;
+        };
+        if let Some(&s) = self.map.get(&f) {
+            return s;
+        }
+        let s = self.stacks.len() as StackId;
+        self.stacks.push(f.clone());
+        self.map.insert(f, s);
+        s
+    }
+}
+
+/// Reads a JSON Lines trace. Errors carry the 1-based line number.
+pub fn read(bytes: &[u8]) -> Result<Snapshot, TraceError> {
+    let mut snap = Snapshot::default();
+    let mut interner = Interner {
+        stacks: vec![Vec::new()],
+        ..Default::default()
+    };
+    let mut devices: Option<usize> = None;
+    let mut saw_header = false;
+    for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
+        let lineno = i + 1;
+        let err = |msg: String| TraceError::Jsonl { line: lineno, msg };
+        let line = raw.strip_suffix(b"\r").unwrap_or(raw);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let l: Line<'_> = serde_json::from_slice(line).map_err(|e| err(e.to_string()))?;
+        if !saw_header {
+            match l.format.as_deref() {
+                Some(FORMAT) => {}
+                Some(f) => return Err(err(format!("format is {f:?}, expected {FORMAT:?}"))),
+                None => {
+                    return Err(err(format!(
+                        "the first line must be the header {{\"format\":\"{FORMAT}\",\"version\":{VERSION},…}}"
+                    )));
+                }
+            }
+            match l.version {
+                Some(VERSION) => {}
+                v => {
+                    return Err(err(format!(
+                        "unsupported version {v:?}; this reader reads version {VERSION}"
+                    )));
+                }
+            }
+            devices = l.devices;
+            if let Some(n) = devices {
+                if n > 1 << 16 {
+                    return Err(err(format!("implausible number of devices {n}")));
+                }
+                snap.device_traces = vec![Vec::new(); n];
+            }
+            if let Some(s) = l.allocator_settings {
+                snap.settings = RecordedSettings {
+                    alloc_conf: s.alloc_conf,
+                    max_split_size: s.max_split_size,
+                    garbage_collection_threshold: s.garbage_collection_threshold,
+                    expandable_segments: s.expandable_segments,
+                    roundup_power2_divisions: s
+                        .roundup_power2_divisions
+                        .map(|d| d.0)
+                        .unwrap_or_default(),
+                    present: true,
+                };
+            }
+            saw_header = true;
+            continue;
+        }
+        if l.format.is_some() {
+            return Err(err("a second header line".into()));
+        }
+        if let Some(s) = l.segment {
+            let is_small = match s.segment_type.as_str() {
+                "small" => true,
+                "large" => false,
+                t => {
+                    return Err(err(format!(
+                        "segment_type {t:?}, expected \"small\" or \"large\""
+                    )));
+                }
+            };
+            let mut blocks = Vec::with_capacity(s.blocks.len());
+            for (j, b) in s.blocks.into_iter().enumerate() {
+                let state = parse_state(&b.state)
+                    .ok_or_else(|| err(format!("blocks[{j}]: unknown state {:?}", b.state)))?;
+                blocks.push(SnapshotBlock {
+                    address: b.address,
+                    size: b.size,
+                    requested_size: b.requested_size,
+                    state,
+                    stack: interner.intern(b.frames),
+                });
+            }
+            snap.segments.push(SnapshotSegment {
+                device: s.device,
+                address: s.address,
+                total_size: s.total_size,
+                allocated_size: s.allocated_size,
+                active_size: s.active_size,
+                requested_size: s.requested_size,
+                stream: s.stream,
+                is_small,
+                pool_id: s.segment_pool_id,
+                is_expandable: s.is_expandable,
+                blocks,
+            });
+            continue;
+        }
+        let Some(a) = l.action else {
+            return Err(err(
+                "neither an event (no \"action\") nor a segment line (no \"segment\")".into(),
+            ));
+        };
+        let action = Action::parse(&a).ok_or_else(|| err(format!("unknown action {a:?}")))?;
+        let dev = l.device.unwrap_or(0);
+        let addr = if action == Action::Oom {
+            l.device_free
+                .or(l.addr)
+                .ok_or_else(|| err("an oom event needs \"device_free\"".into()))?
+        } else {
+            l.addr
+                .ok_or_else(|| err(format!("a {} event needs \"addr\"", action.as_str())))?
+        };
+        let size = l
+            .size
+            .ok_or_else(|| err("an event needs \"size\"".into()))?;
+        match devices {
+            Some(n) if dev >= n => {
+                return Err(err(format!(
+                    "device {dev}, but the header declares {n} device(s)"
+                )));
+            }
+            None if dev >= 1 << 16 => return Err(err(format!("implausible device {dev}"))),
+            _ => {}
+        }
+        if snap.device_traces.len() <= dev {
+            snap.device_traces.resize_with(dev + 1, Vec::new);
+        }
+        snap.device_traces[dev].push(TraceEntry {
+            action,
+            addr,
+            size,
+            stream: l.stream.unwrap_or(0),
+            time_us: l.time_us.unwrap_or(0),
+            stack: interner.intern(l.frames),
+        });
+    }
+    if !saw_header {
+        return Err(TraceError::Jsonl {
+            line: 1,
+            msg: "empty file (no header line)".into(),
+        });
+    }
+    snap.stacks = interner.stacks;
+    Ok(snap)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+struct DivisionsOut<'a>(&'a [(u64, u64)]);
+
+impl Serialize for DivisionsOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k.to_string(), v)))
+    }
+}
+
+#[derive(Serialize)]
+struct SettingsOut<'a> {
+    #[serde(
+        rename = "PYTORCH_CUDA_ALLOC_CONF",
+        skip_serializing_if = "Option::is_none"
+    )]
+    alloc_conf: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_split_size: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    garbage_collection_threshold: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expandable_segments: Option<bool>,
+    roundup_power2_divisions: DivisionsOut<'a>,
+}
+
+#[derive(Serialize)]
+struct HeaderOut<'a> {
+    format: &'static str,
+    version: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allocator_settings: Option<SettingsOut<'a>>,
+    devices: usize,
+}
+
+#[derive(Serialize)]
+struct EventOut<'a> {
+    device: usize,
+    action: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    addr: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_free: Option<u64>,
+    size: u64,
+    stream: u64,
+    time_us: i64,
+    #[serde(skip_serializing_if = "<[Frame]>::is_empty")]
+    frames: &'a [Frame],
+}
+
+#[derive(Serialize)]
+struct BlockOut<'a> {
+    address: u64,
+    size: u64,
+    requested_size: u64,
+    state: &'static str,
+    #[serde(skip_serializing_if = "<[Frame]>::is_empty")]
+    frames: &'a [Frame],
+}
+
+#[derive(Serialize)]
+struct SegmentOut<'a> {
+    device: i64,
+    address: u64,
+    total_size: u64,
+    allocated_size: u64,
+    active_size: u64,
+    requested_size: u64,
+    stream: u64,
+    segment_type: &'static str,
+    segment_pool_id: (i64, i64),
+    is_expandable: bool,
+    blocks: Vec<BlockOut<'a>>,
+}
+
+#[derive(Serialize)]
+struct SegmentLine<'a> {
+    segment: SegmentOut<'a>,
+}
+
+fn line<T: Serialize>(out: &mut impl Write, v: &T) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, v).map_err(std::io::Error::other)?;
+    out.write_all(b"\n")
+}
+
+/// Writes `snap` as a JSON Lines trace (header, events device by device, then segments).
+/// `out` should be buffered.
+pub fn write(snap: &Snapshot, out: &mut impl Write) -> std::io::Result<()> {
+    let s = &snap.settings;
+    let settings = s.present.then(|| SettingsOut {
+        alloc_conf: s.alloc_conf.as_deref(),
+        max_split_size: s.max_split_size,
+        garbage_collection_threshold: s.garbage_collection_threshold,
+        expandable_segments: s.expandable_segments,
+        roundup_power2_divisions: DivisionsOut(&s.roundup_power2_divisions),
+    });
+    line(
+        out,
+        &HeaderOut {
+            format: FORMAT,
+            version: VERSION,
+            allocator_settings: settings,
+            devices: snap.device_traces.len(),
+        },
+    )?;
+    for (device, entries) in snap.device_traces.iter().enumerate() {
+        for e in entries {
+            let oom = e.action == Action::Oom;
+            line(
+                out,
+                &EventOut {
+                    device,
+                    action: e.action.as_str(),
+                    addr: (!oom).then_some(e.addr),
+                    device_free: oom.then_some(e.addr),
+                    size: e.size,
+                    stream: e.stream,
+                    time_us: e.time_us,
+                    frames: snap.stack(e.stack),
+                },
+            )?;
+        }
+    }
+    for seg in &snap.segments {
+        let blocks = seg
+            .blocks
+            .iter()
+            .map(|b| BlockOut {
+                address: b.address,
+                size: b.size,
+                requested_size: b.requested_size,
+                state: state_str(b.state),
+                frames: snap.stack(b.stack),
+            })
+            .collect();
+        line(
+            out,
+            &SegmentLine {
+                segment: SegmentOut {
+                    device: seg.device,
+                    address: seg.address,
+                    total_size: seg.total_size,
+                    allocated_size: seg.allocated_size,
+                    active_size: seg.active_size,
+                    requested_size: seg.requested_size,
+                    stream: seg.stream,
+                    segment_type: if seg.is_small { "small" } else { "large" },
+                    segment_pool_id: seg.pool_id,
+                    is_expandable: seg.is_expandable,
+                    blocks,
+                },
+            },
+        )?;
+    }
+    Ok(())
+}

@@ -137,7 +137,7 @@ pub struct RecordedSettings {
 }
 
 /// A decoded memory snapshot: what `torch.cuda.memory._snapshot()` returned.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     pub segments: Vec<SnapshotSegment>,
     /// Indexed by device.

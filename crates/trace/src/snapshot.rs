@@ -1,3 +1,742 @@
-//! Placeholder: being written.
-use crate::{Snapshot, TraceError};
-pub fn from_pickle(_bytes: &[u8]) -> Result<Snapshot, TraceError> { Err(TraceError::NotSnapshot("unimplemented".into())) }
+//! Converts the decoded value of `torch.cuda.memory._snapshot()` (as pickled by `_dump_snapshot`)
+//! into a [`Snapshot`].
+//!
+//! * `device_traces[d][i]` → [`TraceEntry`] (for `oom` the address field holds `device_free`).
+//!   Required keys: `action`, `addr` (`device_free` for `oom`), `size` (both default to 0 for
+//!   `annotate`); `stream` and `time_us` default to 0 when absent. Unknown actions are an error
+//!   naming the action and the entry.
+//! * `segments` → [`SnapshotSegment`] with its `blocks` (a block without `address` gets the
+//!   running sum from the segment address, like `_memory_viz.py`).
+//! * `allocator_settings` → [`RecordedSettings`].
+//! * `frames` lists are interned into [`Snapshot::stacks`]: first by the identity of the pickled
+//!   list (memo sharing), then by content. Stacks are numbered in first-use order: trace entries
+//!   (device by device, oldest first), then segment blocks. Segment-level `frames` are not kept.
+//!
+//! Streams are stored as `u64`; a negative stream (an `int64`-typed pickler) wraps.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::pickle::{self, Decoded, Value};
+use crate::{
+    Action, BlockState, Frame, RecordedSettings, Snapshot, SnapshotBlock, SnapshotSegment, StackId,
+    TraceEntry, TraceError,
+};
+
+/// Decodes a snapshot pickle (not gzip'd; see [`crate::read_trace_bytes`] for that).
+pub fn from_pickle(bytes: &[u8]) -> Result<Snapshot, TraceError> {
+    let d = pickle::decode(bytes)?;
+    from_decoded(&d)
+}
+
+/// Converts an already decoded pickle.
+pub fn from_decoded(d: &Decoded<'_>) -> Result<Snapshot, TraceError> {
+    let root = d.root();
+    let Some(top) = d.dict(root) else {
+        return Err(ns(format!(
+            "top-level is a {}, expected the dict returned by torch.cuda.memory._snapshot()",
+            root.type_name()
+        )));
+    };
+    let (mut segments, mut traces, mut settings) = (None, None, None);
+    for &(k, v) in top {
+        match d.str_bytes(k) {
+            Some(b"segments") => segments = Some(v),
+            Some(b"device_traces") => traces = Some(v),
+            Some(b"allocator_settings") => settings = Some(v),
+            _ => {}
+        }
+    }
+    let Some(traces) = traces else {
+        if segments.is_some_and(|s| has_history(d, s)) {
+            return Err(ns(
+                "snapshot from PyTorch < 2.1 (blocks carry 'history', no 'device_traces'); re-record with torch>=2.1",
+            ));
+        }
+        let keys: Vec<String> = top
+            .iter()
+            .take(12)
+            .map(|&(k, _)| {
+                d.str(k)
+                    .map_or_else(|| d.depth_limited_repr(k, 1, 40), |s| format!("'{s}'"))
+            })
+            .collect();
+        return Err(ns(format!(
+            "top-level dict has no 'device_traces' key (keys: [{}]); expected the dict returned by \
+             torch.cuda.memory._snapshot() with memory history recorded",
+            keys.join(", ")
+        )));
+    };
+
+    let mut c = Conv::new(d);
+    let mut snap = Snapshot {
+        stacks: vec![Vec::new()],
+        ..Default::default()
+    };
+
+    let devs = d.items(traces).ok_or_else(|| {
+        ns(format!(
+            "'device_traces' is a {}, expected a list",
+            traces.type_name()
+        ))
+    })?;
+    for (dev, &t) in devs.iter().enumerate() {
+        let entries = d.items(t).ok_or_else(|| {
+            ns(format!(
+                "device_traces[{dev}] is a {}, expected a list",
+                t.type_name()
+            ))
+        })?;
+        let mut out = Vec::with_capacity(entries.len());
+        for (i, &e) in entries.iter().enumerate() {
+            out.push(c.entry(e, dev, i)?);
+        }
+        snap.device_traces.push(out);
+    }
+
+    if let Some(s) = segments {
+        let segs = d.items(s).ok_or_else(|| {
+            ns(format!(
+                "'segments' is a {}, expected a list",
+                s.type_name()
+            ))
+        })?;
+        snap.segments.reserve(segs.len());
+        for (i, &sv) in segs.iter().enumerate() {
+            snap.segments.push(c.segment(sv, i)?);
+        }
+    }
+
+    if let Some(s) = settings {
+        snap.settings = c.settings(s)?;
+    }
+    snap.stacks = c.stacks;
+    Ok(snap)
+}
+
+fn ns(msg: impl Into<String>) -> TraceError {
+    TraceError::NotSnapshot(msg.into())
+}
+
+fn has_history(d: &Decoded<'_>, segments: Value) -> bool {
+    d.items(segments).unwrap_or(&[]).iter().any(|&s| {
+        d.dict_get(s, "blocks")
+            .and_then(|b| d.items(b))
+            .unwrap_or(&[])
+            .iter()
+            .any(|&b| d.dict_get(b, "history").is_some())
+    })
+}
+
+fn describe(d: &Decoded<'_>, v: Value) -> String {
+    format!("{} {}", v.type_name(), d.depth_limited_repr(v, 2, 80))
+}
+
+fn u64_of(d: &Decoded<'_>, v: Value) -> Result<u64, String> {
+    d.int_u64(v)
+        .ok_or_else(|| format!("expected an int in 0..2^64, got {}", describe(d, v)))
+}
+
+fn i64_of(d: &Decoded<'_>, v: Value) -> Result<i64, String> {
+    d.int_i64(v)
+        .ok_or_else(|| format!("expected an int in the i64 range, got {}", describe(d, v)))
+}
+
+/// A stream: `u64`, negative values wrap (two's complement).
+fn stream_of(d: &Decoded<'_>, v: Value) -> Result<u64, String> {
+    d.int_u64(v)
+        .or_else(|| d.int_i64(v).map(|i| i as u64))
+        .ok_or_else(|| format!("expected an int stream handle, got {}", describe(d, v)))
+}
+
+fn bool_of(d: &Decoded<'_>, v: Value) -> Result<bool, String> {
+    match v {
+        Value::Bool(b) => Ok(b),
+        Value::Int(0) => Ok(false),
+        Value::Int(1) => Ok(true),
+        _ => Err(format!("expected a bool, got {}", describe(d, v))),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small fast hashing and a span-identity cache.
+
+#[derive(Default, Clone, Copy)]
+struct Fx(u64);
+
+impl Fx {
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for Fx {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().unwrap_or([0; 8])));
+        }
+        for &b in chunks.remainder() {
+            self.add(b as u64);
+        }
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.add(i as u64)
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.add(i as u64)
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.add(i)
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64)
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
+
+/// Direct-mapped cache from a string's span (its identity in the pickle: shared strings are memo
+/// references to one span) to what it was classified as.
+struct SpanCache<T: Copy> {
+    slots: Vec<(u64, u32, T)>,
+}
+
+impl<T: Copy> SpanCache<T> {
+    const N: usize = 256;
+    fn new(fill: T) -> Self {
+        SpanCache {
+            slots: vec![(u64::MAX, 0, fill); Self::N],
+        }
+    }
+    /// `None` when `v` is not a `str`.
+    #[inline]
+    fn get(&mut self, d: &Decoded<'_>, v: Value, classify: impl FnOnce(&[u8]) -> T) -> Option<T> {
+        let Value::Str { start, len } = v else {
+            return None;
+        };
+        let slot = (start.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize % Self::N;
+        let (s, l, t) = self.slots[slot];
+        if s == start && l == len {
+            return Some(t);
+        }
+        let t = classify(d.str_bytes(v)?);
+        self.slots[slot] = (start, len, t);
+        Some(t)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum K {
+    Action,
+    Addr,
+    DeviceFree,
+    Size,
+    Stream,
+    TimeUs,
+    Frames,
+    Device,
+    Address,
+    TotalSize,
+    AllocatedSize,
+    ActiveSize,
+    RequestedSize,
+    SegmentType,
+    SegmentPoolId,
+    IsExpandable,
+    Blocks,
+    State,
+    History,
+    Other,
+}
+
+fn classify_key(b: &[u8]) -> K {
+    match b {
+        b"action" => K::Action,
+        b"addr" => K::Addr,
+        b"device_free" => K::DeviceFree,
+        b"size" => K::Size,
+        b"stream" => K::Stream,
+        b"time_us" => K::TimeUs,
+        b"frames" => K::Frames,
+        b"device" => K::Device,
+        b"address" => K::Address,
+        b"total_size" => K::TotalSize,
+        b"allocated_size" => K::AllocatedSize,
+        b"active_size" => K::ActiveSize,
+        b"requested_size" => K::RequestedSize,
+        b"segment_type" => K::SegmentType,
+        b"segment_pool_id" => K::SegmentPoolId,
+        b"is_expandable" => K::IsExpandable,
+        b"blocks" => K::Blocks,
+        b"state" => K::State,
+        b"history" => K::History,
+        _ => K::Other,
+    }
+}
+
+/// Action string → action; `Err(())` for an unknown string.
+type ActionClass = Result<Action, ()>;
+
+struct Conv<'d, 'a> {
+    d: &'d Decoded<'a>,
+    keys: SpanCache<K>,
+    actions: SpanCache<ActionClass>,
+    /// pickled frames list (seq id) → stack
+    by_list: FxMap<u32, StackId>,
+    /// pickled frame dict (dict id) → index into `frames`
+    by_frame_dict: FxMap<u32, u32>,
+    frames: Vec<Frame>,
+    frame_index: HashMap<Frame, u32>,
+    by_content: FxMap<Vec<u32>, StackId>,
+    buf: Vec<u32>,
+    stacks: Vec<Vec<Frame>>,
+}
+
+impl<'d, 'a> Conv<'d, 'a> {
+    fn new(d: &'d Decoded<'a>) -> Self {
+        Conv {
+            d,
+            keys: SpanCache::new(K::Other),
+            actions: SpanCache::new(Err(())),
+            by_list: FxMap::default(),
+            by_frame_dict: FxMap::default(),
+            frames: Vec::new(),
+            frame_index: HashMap::new(),
+            by_content: FxMap::default(),
+            buf: Vec::new(),
+            stacks: vec![Vec::new()],
+        }
+    }
+
+    #[inline]
+    fn key(&mut self, k: Value) -> K {
+        self.keys.get(self.d, k, classify_key).unwrap_or(K::Other)
+    }
+
+    fn entry(&mut self, e: Value, dev: usize, i: usize) -> Result<TraceEntry, TraceError> {
+        let d = self.d;
+        let at = || format!("device_traces[{dev}][{i}]");
+        let pairs = d
+            .dict(e)
+            .ok_or_else(|| ns(format!("{}: a {}, expected a dict", at(), e.type_name())))?;
+        let (mut action, mut addr, mut free, mut size, mut stream, mut time, mut frames) =
+            (None, None, None, None, None, None, None);
+        for &(k, v) in pairs {
+            match self.key(k) {
+                K::Action => action = Some(v),
+                K::Addr => addr = Some(v),
+                K::DeviceFree => free = Some(v),
+                K::Size => size = Some(v),
+                K::Stream => stream = Some(v),
+                K::TimeUs => time = Some(v),
+                K::Frames => frames = Some(v),
+                _ => {}
+            }
+        }
+        let av = action.ok_or_else(|| ns(format!("{}: no 'action' key", at())))?;
+        let action = match self.actions.get(d, av, |b| {
+            std::str::from_utf8(b)
+                .ok()
+                .and_then(Action::parse)
+                .ok_or(())
+        }) {
+            Some(Ok(a)) => a,
+            Some(Err(())) => {
+                return Err(ns(format!(
+                    "{}: unknown action {}",
+                    at(),
+                    d.depth_limited_repr(av, 1, 80)
+                )));
+            }
+            None => {
+                return Err(ns(format!(
+                    "{}: 'action' is a {}, expected a str",
+                    at(),
+                    av.type_name()
+                )));
+            }
+        };
+        let field = |name: &str, r: Result<u64, String>| {
+            r.map_err(|m| ns(format!("{}['{name}']: {m}", at())))
+        };
+        let (aname, addr) = if action == Action::Oom {
+            ("device_free", free.or(addr))
+        } else {
+            ("addr", addr)
+        };
+        // `annotate` entries carry no allocator decision; tolerate them without addr/size.
+        let lenient = action == Action::Annotate;
+        let addr = match addr {
+            Some(a) => field(aname, u64_of(d, a))?,
+            None if lenient => 0,
+            None => {
+                return Err(ns(format!(
+                    "{}: action '{}' without '{aname}'",
+                    at(),
+                    action.as_str()
+                )));
+            }
+        };
+        let size = match size {
+            Some(s) => field("size", u64_of(d, s))?,
+            None if lenient => 0,
+            None => return Err(ns(format!("{}: no 'size' key", at()))),
+        };
+        let stream = match stream {
+            Some(s) => field("stream", stream_of(d, s))?,
+            None => 0,
+        };
+        let time_us = match time {
+            Some(t) => i64_of(d, t).map_err(|m| ns(format!("{}['time_us']: {m}", at())))?,
+            None => 0,
+        };
+        let stack = match frames {
+            Some(f) => self.stack(f, &at)?,
+            None => 0,
+        };
+        Ok(TraceEntry {
+            action,
+            addr,
+            size,
+            stream,
+            time_us,
+            stack,
+        })
+    }
+
+    fn stack(&mut self, f: Value, at: &dyn Fn() -> String) -> Result<StackId, TraceError> {
+        let id = match f {
+            Value::List(id) | Value::Tuple(id) => id,
+            Value::None => return Ok(0),
+            _ => {
+                return Err(ns(format!(
+                    "{}['frames']: a {}, expected a list",
+                    at(),
+                    f.type_name()
+                )));
+            }
+        };
+        if let Some(&s) = self.by_list.get(&id) {
+            return Ok(s);
+        }
+        let d = self.d;
+        let items = d.items(f).unwrap_or(&[]);
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        for (j, &fr) in items.iter().enumerate() {
+            buf.push(self.frame(fr, &|| format!("{}['frames'][{j}]", at()))?);
+        }
+        let sid = if buf.is_empty() {
+            0
+        } else if let Some(&s) = self.by_content.get(&buf[..]) {
+            s
+        } else {
+            let s = self.stacks.len() as StackId;
+            self.stacks.push(
+                buf.iter()
+                    .map(|&i| self.frames[i as usize].clone())
+                    .collect(),
+            );
+            self.by_content.insert(buf.clone(), s);
+            s
+        };
+        self.buf = buf;
+        self.by_list.insert(id, sid);
+        Ok(sid)
+    }
+
+    fn frame(&mut self, f: Value, at: &dyn Fn() -> String) -> Result<u32, TraceError> {
+        let Value::Dict(did) = f else {
+            return Err(ns(format!(
+                "{}: a {}, expected a frame dict",
+                at(),
+                f.type_name()
+            )));
+        };
+        if let Some(&i) = self.by_frame_dict.get(&did) {
+            return Ok(i);
+        }
+        let d = self.d;
+        let (mut name, mut filename, mut line) = ("", "", 0i64);
+        for &(k, v) in d.dict(f).unwrap_or(&[]) {
+            match d.str_bytes(k) {
+                Some(b"name") => name = d.str(v).unwrap_or(""),
+                Some(b"filename") => filename = d.str(v).unwrap_or(""),
+                Some(b"line") => line = d.int_i64(v).unwrap_or(0),
+                _ => {}
+            }
+        }
+        let frame = Frame {
+            name: name.to_owned(),
+            filename: filename.to_owned(),
+            line,
+        };
+        let idx = match self.frame_index.get(&frame) {
+            Some(&i) => i,
+            None => {
+                let i = self.frames.len() as u32;
+                self.frames.push(frame.clone());
+                self.frame_index.insert(frame, i);
+                i
+            }
+        };
+        self.by_frame_dict.insert(did, idx);
+        Ok(idx)
+    }
+
+    fn segment(&mut self, s: Value, i: usize) -> Result<SnapshotSegment, TraceError> {
+        let d = self.d;
+        let at = || format!("segments[{i}]");
+        let pairs = d
+            .dict(s)
+            .ok_or_else(|| ns(format!("{}: a {}, expected a dict", at(), s.type_name())))?;
+        let mut seg = SnapshotSegment {
+            device: 0,
+            address: 0,
+            total_size: 0,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            is_small: false,
+            pool_id: (0, 0),
+            is_expandable: false,
+            blocks: Vec::new(),
+        };
+        let mut blocks = None;
+        let (mut have_addr, mut have_total) = (false, false);
+        for &(k, v) in pairs {
+            let key = self.key(k);
+            let wrap = |name: &str, m: String| ns(format!("{}['{name}']: {m}", at()));
+            match key {
+                K::Device => seg.device = i64_of(d, v).map_err(|m| wrap("device", m))?,
+                K::Address => {
+                    seg.address = u64_of(d, v).map_err(|m| wrap("address", m))?;
+                    have_addr = true;
+                }
+                K::TotalSize => {
+                    seg.total_size = u64_of(d, v).map_err(|m| wrap("total_size", m))?;
+                    have_total = true;
+                }
+                K::AllocatedSize => {
+                    seg.allocated_size = u64_of(d, v).map_err(|m| wrap("allocated_size", m))?
+                }
+                K::ActiveSize => {
+                    seg.active_size = u64_of(d, v).map_err(|m| wrap("active_size", m))?
+                }
+                K::RequestedSize => {
+                    seg.requested_size = u64_of(d, v).map_err(|m| wrap("requested_size", m))?
+                }
+                K::Stream => seg.stream = stream_of(d, v).map_err(|m| wrap("stream", m))?,
+                K::SegmentType => {
+                    seg.is_small = match d.str(v) {
+                        Some("small") => true,
+                        Some("large") => false,
+                        _ => {
+                            return Err(wrap(
+                                "segment_type",
+                                format!("expected 'small' or 'large', got {}", describe(d, v)),
+                            ));
+                        }
+                    }
+                }
+                K::SegmentPoolId => {
+                    let p = d.items(v).filter(|p| p.len() == 2);
+                    let pid = |x: Value| d.int_i64(x).or_else(|| d.int_u64(x).map(|u| u as i64));
+                    match p.and_then(|p| Some((pid(p[0])?, pid(p[1])?))) {
+                        Some(p) => seg.pool_id = p,
+                        None => {
+                            return Err(wrap(
+                                "segment_pool_id",
+                                format!("expected a pair of ints, got {}", describe(d, v)),
+                            ));
+                        }
+                    }
+                }
+                K::IsExpandable => {
+                    seg.is_expandable = bool_of(d, v).map_err(|m| wrap("is_expandable", m))?
+                }
+                K::Blocks => blocks = Some(v),
+                _ => {}
+            }
+        }
+        if !have_addr || !have_total {
+            return Err(ns(format!("{}: missing 'address' or 'total_size'", at())));
+        }
+        if let Some(b) = blocks {
+            let items = d.items(b).ok_or_else(|| {
+                ns(format!(
+                    "{}['blocks']: a {}, expected a list",
+                    at(),
+                    b.type_name()
+                ))
+            })?;
+            seg.blocks.reserve(items.len());
+            let mut next = seg.address;
+            for (j, &bv) in items.iter().enumerate() {
+                let blk = self.block(bv, &|| format!("segments[{i}]['blocks'][{j}]"), next)?;
+                next = blk.address.wrapping_add(blk.size);
+                seg.blocks.push(blk);
+            }
+        }
+        Ok(seg)
+    }
+
+    fn block(
+        &mut self,
+        b: Value,
+        at: &dyn Fn() -> String,
+        default_addr: u64,
+    ) -> Result<SnapshotBlock, TraceError> {
+        let d = self.d;
+        let pairs = d
+            .dict(b)
+            .ok_or_else(|| ns(format!("{}: a {}, expected a dict", at(), b.type_name())))?;
+        let (mut address, mut size, mut requested, mut state, mut frames) =
+            (None, None, 0, None, None);
+        for &(k, v) in pairs {
+            let wrap = |name: &str, m: String| ns(format!("{}['{name}']: {m}", at()));
+            match self.key(k) {
+                K::Address => address = Some(u64_of(d, v).map_err(|m| wrap("address", m))?),
+                K::Size => size = Some(u64_of(d, v).map_err(|m| wrap("size", m))?),
+                K::RequestedSize => {
+                    requested = u64_of(d, v).map_err(|m| wrap("requested_size", m))?
+                }
+                K::State => {
+                    state = Some(match d.str(v) {
+                        Some("active_allocated") => BlockState::ActiveAllocated,
+                        Some("active_pending_free") => BlockState::ActivePendingFree,
+                        Some("inactive") => BlockState::Inactive,
+                        _ => {
+                            return Err(wrap(
+                                "state",
+                                format!("unknown block state {}", describe(d, v)),
+                            ));
+                        }
+                    })
+                }
+                K::Frames => frames = Some(v),
+                K::History => {
+                    return Err(ns(format!(
+                        "{}: snapshot from PyTorch < 2.1 (blocks carry 'history'); re-record with torch>=2.1",
+                        at()
+                    )));
+                }
+                _ => {}
+            }
+        }
+        let size = size.ok_or_else(|| ns(format!("{}: no 'size' key", at())))?;
+        let state = state.ok_or_else(|| ns(format!("{}: no 'state' key", at())))?;
+        let stack = match frames {
+            Some(f) => self.stack(f, at)?,
+            None => 0,
+        };
+        Ok(SnapshotBlock {
+            address: address.unwrap_or(default_addr),
+            size,
+            requested_size: requested,
+            state,
+            stack,
+        })
+    }
+
+    fn settings(&mut self, s: Value) -> Result<RecordedSettings, TraceError> {
+        let d = self.d;
+        let pairs = d.dict(s).ok_or_else(|| {
+            ns(format!(
+                "'allocator_settings' is a {}, expected a dict",
+                s.type_name()
+            ))
+        })?;
+        let mut r = RecordedSettings {
+            present: true,
+            ..Default::default()
+        };
+        let wrap = |name: &str, m: String| ns(format!("allocator_settings['{name}']: {m}"));
+        for &(k, v) in pairs {
+            match d.str_bytes(k) {
+                Some(b"PYTORCH_CUDA_ALLOC_CONF") => match v {
+                    Value::None => r.alloc_conf = None,
+                    _ => {
+                        let s = d.str(v).ok_or_else(|| {
+                            wrap(
+                                "PYTORCH_CUDA_ALLOC_CONF",
+                                format!("expected a str, got {}", describe(d, v)),
+                            )
+                        })?;
+                        r.alloc_conf = Some(s.to_owned());
+                    }
+                },
+                Some(b"max_split_size") => {
+                    r.max_split_size = Some(i64_of(d, v).map_err(|m| wrap("max_split_size", m))?)
+                }
+                Some(b"garbage_collection_threshold") => {
+                    r.garbage_collection_threshold = Some(match v {
+                        Value::Float(f) => f,
+                        Value::Int(i) => i as f64,
+                        _ => {
+                            return Err(wrap(
+                                "garbage_collection_threshold",
+                                format!("expected a float, got {}", describe(d, v)),
+                            ));
+                        }
+                    })
+                }
+                Some(b"expandable_segments") => {
+                    r.expandable_segments =
+                        Some(bool_of(d, v).map_err(|m| wrap("expandable_segments", m))?)
+                }
+                Some(b"roundup_power2_divisions") => {
+                    r.roundup_power2_divisions = match v {
+                        Value::Dict(_) => {
+                            let mut out = Vec::new();
+                            for &(k, x) in d.dict(v).unwrap_or(&[]) {
+                                let start = d
+                                    .str(k)
+                                    .and_then(|s| s.parse::<u64>().ok())
+                                    .or_else(|| d.int_u64(k))
+                                    .ok_or_else(|| {
+                                        wrap(
+                                            "roundup_power2_divisions",
+                                            format!("bad key {}", describe(d, k)),
+                                        )
+                                    })?;
+                                out.push((
+                                    start,
+                                    u64_of(d, x)
+                                        .map_err(|m| wrap("roundup_power2_divisions", m))?,
+                                ));
+                            }
+                            out
+                        }
+                        // A list indexed by log2(interval start in MB), the C++ vector's layout.
+                        Value::List(_) | Value::Tuple(_) => {
+                            let mut out = Vec::new();
+                            for (j, &x) in d.items(v).unwrap_or(&[]).iter().enumerate().take(64) {
+                                out.push((
+                                    1u64 << j,
+                                    u64_of(d, x)
+                                        .map_err(|m| wrap("roundup_power2_divisions", m))?,
+                                ));
+                            }
+                            out
+                        }
+                        _ => {
+                            return Err(wrap(
+                                "roundup_power2_divisions",
+                                format!("expected a dict, got {}", describe(d, v)),
+                            ));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(r)
+    }
+}

@@ -1,0 +1,1204 @@
+//! `DeviceCachingAllocator`: the per-device caching allocator, rule for rule as in PyTorch 2.11's
+//! `c10/cuda/CUDACachingAllocator.cpp`. Function names follow PyTorch's so each rule can be found
+//! in both: `malloc`, `get_free_block`, `alloc_block`, `should_split`, `alloc_found_block`, `free`,
+//! `free_block`, `try_merge_blocks`, `release_available_cached_blocks`, `release_cached_blocks`,
+//! `release_blocks`, `release_block`, `garbage_collect_cached_blocks`, `find_expandable_block`,
+//! `map_block`, `unmap_block`, `try_allocate_expandable_block`, `synchronize_and_free_events`.
+
+use std::collections::BTreeMap;
+
+use crate::config::AllocatorConfig;
+use crate::constants::*;
+use crate::device::Device;
+use crate::stats::DeviceStats;
+
+/// Index of a block in the allocator's arena. Stable while the block lives.
+pub type BlockId = u32;
+const NIL: BlockId = u32::MAX;
+
+/// Index into the allocator's block pools (`BlockPool`).
+pub type PoolIdx = u32;
+/// The default large pool (`large_blocks`).
+pub const LARGE_POOL: PoolIdx = 0;
+/// The default small pool (`small_blocks`).
+pub const SMALL_POOL: PoolIdx = 1;
+
+/// A private pool id (`MempoolId_t`): graph pools `(n, 0)`, user MemPools `(0, n)`.
+pub type MempoolId = (i64, i64);
+
+/// A `Block`: one address range of a segment; blocks of a segment form an address-ordered list.
+#[derive(Clone, Debug)]
+pub struct Block {
+    pub stream: u64,
+    pub size: u64,
+    /// The original (unrounded) request last served by this Block object (stale when inactive).
+    pub requested_size: u64,
+    pub pool: PoolIdx,
+    pub ptr: u64,
+    pub allocated: bool,
+    /// Backed by physical memory (always true outside expandable segments).
+    pub mapped: bool,
+    pub prev: BlockId,
+    pub next: BlockId,
+    /// Outstanding cross-stream events (a freed block stays active until they complete).
+    pub event_count: u32,
+    pub gc_count_base: i64,
+    /// Index of the expandable segment this block belongs to.
+    pub expandable_segment: Option<u32>,
+}
+
+impl Block {
+    pub fn is_split(&self) -> bool {
+        self.prev != NIL || self.next != NIL
+    }
+    pub fn prev(&self) -> Option<BlockId> {
+        (self.prev != NIL).then_some(self.prev)
+    }
+    pub fn next(&self) -> Option<BlockId> {
+        (self.next != NIL).then_some(self.next)
+    }
+}
+
+/// A `BlockPool`: the free, mapped blocks ordered by `BlockComparatorSize` (stream, size, ptr) and
+/// the unmapped expandable blocks ordered by `BlockComparatorAddress` (stream, ptr).
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    pub blocks: BTreeMap<(u64, u64, u64), BlockId>,
+    pub unmapped: BTreeMap<(u64, u64), BlockId>,
+    pub is_small: bool,
+    /// Index into `private_pools`, for a private pool's BlockPool.
+    pub owner_private_pool: Option<u32>,
+    /// The garbage-collection clock (`get_free_blocks_call_count`).
+    pub get_free_blocks_call_count: i64,
+}
+
+impl BlockPool {
+    fn new(is_small: bool, owner: Option<u32>) -> BlockPool {
+        BlockPool { blocks: BTreeMap::new(), unmapped: BTreeMap::new(), is_small, owner_private_pool: owner, get_free_blocks_call_count: 0 }
+    }
+}
+
+/// A CUDA-graph or MemPool private pool (`PrivatePool`).
+#[derive(Clone, Debug)]
+pub struct PrivatePool {
+    pub id: MempoolId,
+    pub large: PoolIdx,
+    pub small: PoolIdx,
+    /// Segments not yet freed (`cudaMalloc_count`).
+    pub cuda_malloc_count: i64,
+    /// `use_count` reached 0: `release_cached_blocks` may free its segments.
+    pub freeable: bool,
+}
+
+/// One `ExpandableSegment`: a reservation of virtual addresses mapped page by page.
+#[derive(Clone, Debug)]
+pub struct ExpandableSegment {
+    pub ptr: u64,
+    pub segment_size: u64,
+    pub max_handles: u64,
+    pub stream: u64,
+    pub mapped_size: u64,
+}
+
+impl ExpandableSegment {
+    pub fn size(&self) -> u64 {
+        self.max_handles * self.segment_size
+    }
+}
+
+/// What the allocator did to device memory, in order (the segment entries of the trace), plus OOMs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    /// `addr` is `device_free`, `size` the rounded request.
+    Oom,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub kind: EventKind,
+    pub addr: u64,
+    pub size: u64,
+    pub stream: u64,
+    pub pool: PoolIdx,
+}
+
+/// Everything PyTorch's OOM message reports, taken when the OOM is raised.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutOfMemory {
+    pub orig_size: u64,
+    pub rounded_size: u64,
+    /// "Tried to allocate": the segment size the request needed.
+    pub alloc_size: u64,
+    pub stream: u64,
+    pub is_small: bool,
+    pub device_free: u64,
+    pub device_total: u64,
+    pub allowed_memory_maximum: Option<u64>,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    /// Free cached bytes in private pools.
+    pub allocated_in_private_pools: u64,
+}
+
+/// Which pool a request is routed to (`get_pool`): the default pools or a private pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Route {
+    #[default]
+    Default,
+    Private(MempoolId),
+}
+
+/// `AllocParams`.
+struct AllocParams {
+    size: u64,
+    stream: u64,
+    pool: PoolIdx,
+    alloc_size: u64,
+    is_expandable_segments_active: bool,
+    block: BlockId,
+}
+
+/// The caching allocator of one device.
+#[derive(Clone, Debug)]
+pub struct CachingAllocator<D: Device> {
+    pub config: AllocatorConfig,
+    pub device: D,
+    blocks: Vec<Block>,
+    free_slots: Vec<BlockId>,
+    pub pools: Vec<BlockPool>,
+    pub private_pools: Vec<PrivatePool>,
+    pub expandable_segments: Vec<Option<ExpandableSegment>>,
+    /// Set by `set_per_process_memory_fraction` (the allowed maximum).
+    pub allowed_memory_maximum: Option<u64>,
+    /// Bytes from cudaMalloc plus bytes mapped in expandable segments.
+    pub total_allocated_memory: u64,
+    pub stats: DeviceStats,
+    /// Blocks freed with outstanding events (with a token naming that free), in the order their
+    /// events were recorded.
+    pending_frees: Vec<(BlockId, u64)>,
+    next_free_token: u64,
+    /// Segment events and OOMs, in order; the caller drains it.
+    pub events: Vec<Event>,
+    /// Requests currently routed to a private pool are "captures underway".
+    captures_underway: u32,
+}
+
+impl<D: Device> CachingAllocator<D> {
+    pub fn new(config: AllocatorConfig, device: D) -> Self {
+        let mut stats = DeviceStats::default();
+        stats.max_split_size = if config.max_split_size == u64::MAX { -1 } else { config.max_split_size as i64 };
+        let mut a = CachingAllocator {
+            config,
+            device,
+            blocks: Vec::new(),
+            free_slots: Vec::new(),
+            pools: vec![BlockPool::new(false, None), BlockPool::new(true, None)],
+            private_pools: Vec::new(),
+            expandable_segments: Vec::new(),
+            allowed_memory_maximum: None,
+            total_allocated_memory: 0,
+            stats,
+            pending_frees: Vec::new(),
+            next_free_token: 0,
+            events: Vec::new(),
+            captures_underway: 0,
+        };
+        if let Some(f) = a.config.per_process_memory_fraction {
+            a.set_memory_fraction(f);
+        }
+        a
+    }
+
+    /// `setMemoryFraction`: `allowed = (size_t)(fraction * totalGlobalMem)` when fraction < 1.
+    pub fn set_memory_fraction(&mut self, fraction: f64) {
+        self.allowed_memory_maximum = None;
+        if fraction < 1.0 {
+            let total = self.device.mem_get_info().1;
+            self.allowed_memory_maximum = Some((fraction * total as f64) as u64);
+        }
+    }
+
+    /// Sets the allowed maximum directly, in bytes.
+    pub fn set_allowed_memory_maximum(&mut self, allowed: Option<u64>) {
+        self.allowed_memory_maximum = allowed;
+    }
+
+    pub fn block(&self, id: BlockId) -> &Block {
+        &self.blocks[id as usize]
+    }
+
+    /// All live blocks (arena slots in use).
+    pub fn live_blocks(&self) -> impl Iterator<Item = (BlockId, &Block)> {
+        let free: std::collections::HashSet<BlockId> = self.free_slots.iter().copied().collect();
+        self.blocks.iter().enumerate().filter(move |(i, _)| !free.contains(&(*i as u32))).map(|(i, b)| (i as u32, b))
+    }
+
+    fn new_block(&mut self, b: Block) -> BlockId {
+        if let Some(id) = self.free_slots.pop() {
+            self.blocks[id as usize] = b;
+            id
+        } else {
+            self.blocks.push(b);
+            (self.blocks.len() - 1) as BlockId
+        }
+    }
+
+    fn delete_block(&mut self, id: BlockId) {
+        self.blocks[id as usize].size = 0;
+        self.free_slots.push(id);
+    }
+
+    #[inline]
+    fn b(&self, id: BlockId) -> &Block {
+        &self.blocks[id as usize]
+    }
+    #[inline]
+    fn bm(&mut self, id: BlockId) -> &mut Block {
+        &mut self.blocks[id as usize]
+    }
+
+    fn size_key(&self, id: BlockId) -> (u64, u64, u64) {
+        let b = self.b(id);
+        (b.stream, b.size, b.ptr)
+    }
+
+    /// `BlockPool::insert_into_blocks`: resets the block's GC age.
+    fn insert_into_blocks(&mut self, id: BlockId) {
+        let key = self.size_key(id);
+        let pool = self.b(id).pool;
+        let clock = self.pools[pool as usize].get_free_blocks_call_count;
+        self.bm(id).gc_count_base = clock;
+        let prev = self.pools[pool as usize].blocks.insert(key, id);
+        debug_assert!(prev.is_none());
+    }
+
+    fn erase_from_blocks(&mut self, id: BlockId) -> bool {
+        let key = self.size_key(id);
+        let pool = self.b(id).pool;
+        self.pools[pool as usize].blocks.remove(&key).is_some()
+    }
+
+    fn unmapped_insert(&mut self, id: BlockId) {
+        let b = self.b(id);
+        let (key, pool) = ((b.stream, b.ptr), b.pool);
+        self.pools[pool as usize].unmapped.insert(key, id);
+    }
+
+    fn unmapped_erase(&mut self, id: BlockId) -> bool {
+        let b = self.b(id);
+        let (key, pool) = ((b.stream, b.ptr), b.pool);
+        self.pools[pool as usize].unmapped.remove(&key).is_some()
+    }
+
+    fn is_small(&self, pool: PoolIdx) -> bool {
+        self.pools[pool as usize].is_small
+    }
+
+    /// Finds or creates the private pool `id`.
+    pub fn private_pool(&mut self, id: MempoolId) -> u32 {
+        if let Some(i) = self.private_pools.iter().position(|p| p.id == id) {
+            return i as u32;
+        }
+        let idx = self.private_pools.len() as u32;
+        let large = self.pools.len() as PoolIdx;
+        self.pools.push(BlockPool::new(false, Some(idx)));
+        self.pools.push(BlockPool::new(true, Some(idx)));
+        self.private_pools.push(PrivatePool { id, large, small: large + 1, cuda_malloc_count: 0, freeable: false });
+        idx
+    }
+
+    /// `releasePool` down to zero users: the pool's free segments go at the next `release_cached_blocks`.
+    pub fn release_pool(&mut self, id: MempoolId) {
+        let i = self.private_pool(id);
+        self.private_pools[i as usize].freeable = true;
+    }
+
+    /// `get_pool(size, stream)`.
+    fn get_pool(&mut self, size: u64, route: Route) -> PoolIdx {
+        match route {
+            Route::Default => {
+                if size <= K_SMALL_SIZE { SMALL_POOL } else { LARGE_POOL }
+            }
+            Route::Private(id) => {
+                let i = self.private_pool(id) as usize;
+                if size <= K_SMALL_SIZE { self.private_pools[i].small } else { self.private_pools[i].large }
+            }
+        }
+    }
+
+    /// `malloc(orig_size, stream)`: returns the allocated block, or the OOM PyTorch would raise.
+    /// Cross-stream frees must have been completed by the caller (`process_events`).
+    pub fn malloc(&mut self, orig_size: u64, stream: u64, route: Route) -> Result<BlockId, OutOfMemory> {
+        let size = self.config.round_size(orig_size);
+        let pool = self.get_pool(size, route);
+        let alloc_size = self.config.get_allocation_size(size);
+        // No custom allocators are modelled, so expandable segments are active in every pool.
+        let mut p = AllocParams {
+            size,
+            stream,
+            pool,
+            alloc_size,
+            is_expandable_segments_active: self.config.expandable_segments,
+            block: NIL,
+        };
+        let capturing = matches!(route, Route::Private(_));
+        if capturing {
+            self.captures_underway += 1;
+        }
+        // trigger_free_memory_callbacks() frees nothing in a model, so the second lookup never runs.
+        let mut found = self.get_free_block(&mut p);
+        if !found {
+            if self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0 {
+                self.garbage_collect_cached_blocks();
+            }
+            found = self.alloc_block(&mut p, false)
+                // try_mempool_fallback: use_on_oom pools are not modelled.
+                || (self.release_available_cached_blocks(&p) && self.alloc_block(&mut p, false))
+                || (self.captures_underway == 0 && self.release_cached_blocks() && self.alloc_block(&mut p, true));
+        }
+        if capturing {
+            self.captures_underway -= 1;
+        }
+        if !found {
+            let (device_free, device_total) = self.device.mem_get_info();
+            self.events.push(Event { kind: EventKind::Oom, addr: device_free, size, stream, pool });
+            self.stats.num_ooms += 1;
+            let allocated_in_private_pools = self
+                .private_pools
+                .iter()
+                .flat_map(|pp| [pp.large, pp.small])
+                .map(|pi| self.pools[pi as usize].blocks.values().map(|&id| self.b(id).size).sum::<u64>())
+                .sum();
+            return Err(OutOfMemory {
+                orig_size,
+                rounded_size: size,
+                alloc_size,
+                stream,
+                is_small: self.is_small(pool),
+                device_free,
+                device_total,
+                allowed_memory_maximum: self.allowed_memory_maximum,
+                allocated_bytes: self.stats.allocated_bytes.all().current as u64,
+                reserved_bytes: self.stats.reserved_bytes.all().current as u64,
+                allocated_in_private_pools,
+            });
+        }
+        let split_remainder = self.should_split(p.block, p.size, p.is_expandable_segments_active);
+        Ok(self.alloc_found_block(&p, orig_size, split_remainder))
+    }
+
+    /// `get_free_block`: best fit on (stream, size, address), looking at the first candidate only.
+    fn get_free_block(&mut self, p: &mut AllocParams) -> bool {
+        let gc_clock = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
+        let pool = &mut self.pools[p.pool as usize];
+        if gc_clock {
+            pool.get_free_blocks_call_count += 1;
+        }
+        let pool = &self.pools[p.pool as usize];
+        let mut range = pool.blocks.range((p.stream, p.size, 0)..);
+        let Some((&(s, _, _), &first)) = range.next() else { return false };
+        if s != p.stream {
+            return false;
+        }
+        let mut it = first;
+        if self.b(it).expandable_segment.is_some() {
+            if p.is_expandable_segments_active {
+                let expandable_size = |id: BlockId| {
+                    let b = self.b(id);
+                    b.size + b.next().filter(|&n| !self.b(n).mapped).map_or(0, |n| self.b(n).size)
+                };
+                for (&(ns, _, _), &next) in range {
+                    if self.b(it).expandable_segment.is_some() && ns == p.stream && expandable_size(next) < expandable_size(it) {
+                        it = next;
+                    } else {
+                        break;
+                    }
+                }
+            } else {
+                let mut found = None;
+                for (&(ns, _, _), &next) in range {
+                    if ns != p.stream {
+                        break;
+                    }
+                    if self.b(next).expandable_segment.is_none() {
+                        found = Some(next);
+                        break;
+                    }
+                }
+                match found {
+                    Some(n) => it = n,
+                    None => return false,
+                }
+            }
+        }
+        let max_split = self.config.max_split_size;
+        let bsize = self.b(it).size;
+        // Do not return an oversized block for a large request
+        if p.size < max_split && bsize >= max_split {
+            return false;
+        }
+        // Allow oversized block size to be rounded up but within a limit
+        if p.size >= max_split && bsize >= p.size.saturating_add(self.config.max_non_split_rounding_size) {
+            return false;
+        }
+        p.block = it;
+        self.erase_from_blocks(it);
+        true
+    }
+
+    /// `should_split`.
+    fn should_split(&self, block: BlockId, size: u64, is_expandable_segments_active: bool) -> bool {
+        let b = self.b(block);
+        let remaining = b.size - size;
+        if self.is_small(b.pool) || is_expandable_segments_active {
+            remaining >= K_MIN_BLOCK_SIZE
+        } else {
+            size < self.config.max_split_size && remaining > K_SMALL_SIZE
+        }
+    }
+
+    /// `alloc_found_block`: the allocated part takes the low address; the old Block object keeps the
+    /// remainder and goes back to the pool.
+    fn alloc_found_block(&mut self, p: &AllocParams, orig_size: u64, split_remainder: bool) -> BlockId {
+        let size = p.size;
+        let mut block = p.block;
+        let small = self.is_small(p.pool);
+        let already_split = self.b(block).is_split();
+        if split_remainder {
+            let remaining = block;
+            let r = self.b(remaining).clone();
+            block = self.new_block(Block {
+                stream: p.stream,
+                size,
+                requested_size: 0,
+                pool: p.pool,
+                ptr: r.ptr,
+                allocated: false,
+                mapped: true,
+                prev: r.prev,
+                next: remaining,
+                event_count: 0,
+                gc_count_base: 0,
+                expandable_segment: r.expandable_segment,
+            });
+            if r.prev != NIL {
+                self.bm(r.prev).next = block;
+            }
+            {
+                let rm = self.bm(remaining);
+                rm.prev = block;
+                rm.ptr += size;
+                rm.size -= size;
+            }
+            self.insert_into_blocks(remaining);
+            if r.expandable_segment.is_none() {
+                if already_split {
+                    // An already-split inactive block is being shrunk by size bytes.
+                    self.stats.inactive_split_bytes.decrease(small, size);
+                } else {
+                    // A new split inactive block is being created from a previously unsplit block.
+                    let rs = self.b(remaining).size;
+                    self.stats.inactive_split_bytes.increase(small, rs);
+                    self.stats.inactive_split.increase(small, 1);
+                }
+            }
+        } else if already_split && self.b(block).expandable_segment.is_none() {
+            // An already-split block is becoming active
+            let bs = self.b(block).size;
+            self.stats.inactive_split_bytes.decrease(small, bs);
+            self.stats.inactive_split.decrease(small, 1);
+        }
+        let bs = {
+            let b = self.bm(block);
+            b.allocated = true;
+            b.requested_size = orig_size;
+            b.size
+        };
+        let st = &mut self.stats;
+        st.allocation.increase(small, 1);
+        st.allocated_bytes.increase(small, bs);
+        st.active.increase(small, 1);
+        st.active_bytes.increase(small, bs);
+        st.requested_bytes.increase(small, orig_size);
+        if bs >= self.config.max_split_size {
+            st.oversize_allocations.increase(1);
+        }
+        block
+    }
+
+    /// `free(block)`: the request side of a free. With `pending_events` the block was used on other
+    /// streams (`record_stream`): it stays active until [`Self::complete_free`] with the returned
+    /// token, or a synchronize.
+    pub fn free(&mut self, block: BlockId, pending_events: bool) -> Option<u64> {
+        let small = self.is_small(self.b(block).pool);
+        let size = self.b(block).size;
+        self.bm(block).allocated = false;
+        self.stats.allocation.decrease(small, 1);
+        self.stats.allocated_bytes.decrease(small, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if pending_events {
+            self.bm(block).event_count = 1;
+            self.next_free_token += 1;
+            self.pending_frees.push((block, self.next_free_token));
+            Some(self.next_free_token)
+        } else {
+            self.free_block(block);
+            None
+        }
+    }
+
+    /// The cross-stream events of the free named by `token` completed (`process_events`): the block
+    /// returns to its pool. Returns false if a synchronize had already completed it.
+    pub fn complete_free(&mut self, token: u64) -> bool {
+        let Some(i) = self.pending_frees.iter().position(|&(_, t)| t == token) else { return false };
+        let (block, _) = self.pending_frees.remove(i);
+        self.bm(block).event_count = 0;
+        self.free_block(block);
+        true
+    }
+
+    /// Frees whose cross-stream events are outstanding.
+    pub fn pending_free_count(&self) -> usize {
+        self.pending_frees.len()
+    }
+
+    /// `free_block`: merge with free neighbours and return to the pool.
+    fn free_block(&mut self, block: BlockId) {
+        let original_block_size = self.b(block).size;
+        let requested_size = self.b(block).requested_size;
+        let pool = self.b(block).pool;
+        let small = self.is_small(pool);
+        let mut net_blocks: i64 = 0;
+        let mut net_size: i64 = 0;
+        let candidates = [self.b(block).prev, self.b(block).next];
+        for c in candidates {
+            let subsumed = self.try_merge_blocks(block, c);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_size -= subsumed as i64;
+            }
+        }
+        self.insert_into_blocks(block);
+        if self.b(block).is_split() {
+            net_blocks += 1;
+            net_size += self.b(block).size as i64;
+        }
+        let st = &mut self.stats;
+        if self.blocks[block as usize].expandable_segment.is_none() {
+            if net_blocks > 0 {
+                st.inactive_split.increase(small, net_blocks as u64);
+            } else if net_blocks < 0 {
+                st.inactive_split.decrease(small, (-net_blocks) as u64);
+            }
+            if net_size > 0 {
+                st.inactive_split_bytes.increase(small, net_size as u64);
+            } else if net_size < 0 {
+                st.inactive_split_bytes.decrease(small, (-net_size) as u64);
+            }
+        }
+        st.active.decrease(small, 1);
+        st.active_bytes.decrease(small, original_block_size);
+        st.requested_bytes.decrease(small, requested_size);
+    }
+
+    /// `try_merge_blocks(dst, src)`: returns the size of the subsumed block, or 0.
+    fn try_merge_blocks(&mut self, dst: BlockId, src: BlockId) -> u64 {
+        if src == NIL {
+            return 0;
+        }
+        let s = self.b(src);
+        if s.allocated || s.event_count > 0 || self.b(dst).mapped != s.mapped {
+            return 0;
+        }
+        let s = s.clone();
+        if self.b(dst).prev == src {
+            // [src dst]
+            let d = self.bm(dst);
+            d.ptr = s.ptr;
+            d.prev = s.prev;
+            if s.prev != NIL {
+                self.bm(s.prev).next = dst;
+            }
+        } else {
+            // [dst src]
+            self.bm(dst).next = s.next;
+            if s.next != NIL {
+                self.bm(s.next).prev = dst;
+            }
+        }
+        // Erase src from its set before dst's size changes (keys use the old values).
+        if s.mapped {
+            let removed = self.pools[s.pool as usize].blocks.remove(&(s.stream, s.size, s.ptr));
+            debug_assert!(removed.is_some());
+        } else {
+            self.pools[s.pool as usize].unmapped.remove(&(s.stream, s.ptr));
+        }
+        self.bm(dst).size += s.size;
+        self.delete_block(src);
+        s.size
+    }
+
+    /// `alloc_block`: a new segment from the device (or new pages of an expandable segment).
+    fn alloc_block(&mut self, p: &mut AllocParams, is_retry: bool) -> bool {
+        let size = p.alloc_size;
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if let Some(allowed) = self.allowed_memory_maximum {
+            if self.total_allocated_memory + size > allowed {
+                return false;
+            }
+        }
+        if p.is_expandable_segments_active {
+            match self.try_allocate_expandable_block(p.stream, p.pool, p.size) {
+                Some(b) => {
+                    p.block = b;
+                    if let Some(pp) = self.pools[p.pool as usize].owner_private_pool {
+                        self.private_pools[pp as usize].cuda_malloc_count += 1;
+                    }
+                    true
+                }
+                None => false,
+            }
+        } else {
+            let Some(ptr) = self.device.malloc(size) else { return false };
+            if let Some(pp) = self.pools[p.pool as usize].owner_private_pool {
+                self.private_pools[pp as usize].cuda_malloc_count += 1;
+            }
+            self.total_allocated_memory += size;
+            p.block = self.new_block(Block {
+                stream: p.stream,
+                size,
+                requested_size: 0,
+                pool: p.pool,
+                ptr,
+                allocated: false,
+                mapped: true,
+                prev: NIL,
+                next: NIL,
+                event_count: 0,
+                gc_count_base: 0,
+                expandable_segment: None,
+            });
+            let small = self.is_small(p.pool);
+            self.stats.segment.increase(small, 1);
+            self.stats.reserved_bytes.increase(small, size);
+            if size >= self.config.max_split_size {
+                self.stats.oversize_segments.increase(1);
+            }
+            self.stats.num_device_alloc += 1;
+            self.events.push(Event { kind: EventKind::SegmentAlloc, addr: ptr, size, stream: p.stream, pool: p.pool });
+            true
+        }
+    }
+
+    /// `release_available_cached_blocks`: free oversize cached blocks (only with `max_split_size`).
+    fn release_available_cached_blocks(&mut self, p: &AllocParams) -> bool {
+        let max_split = self.config.max_split_size;
+        if max_split == u64::MAX {
+            return false;
+        }
+        let key_size = p.size.max(max_split);
+        let pool = &self.pools[p.pool as usize];
+        let key = (p.stream, key_size, 0u64);
+        let hit = pool.blocks.range(key..).next().map(|(k, &id)| (*k, id));
+        match hit {
+            Some((k, id)) if k.0 == p.stream && self.b(id).expandable_segment.is_none() => {
+                self.release_block(id);
+                true
+            }
+            _ => {
+                // No single block is large enough; free multiple oversize blocks, largest first.
+                let candidates: Vec<((u64, u64, u64), BlockId)> =
+                    pool.blocks.range(..key).rev().map(|(k, &id)| (*k, id)).collect();
+                if candidates.is_empty() {
+                    return false;
+                }
+                let mut total_released = 0u64;
+                for (k, id) in candidates {
+                    if !(total_released < key_size && k.1 >= max_split && k.0 == p.stream) {
+                        break;
+                    }
+                    if self.b(id).expandable_segment.is_none() {
+                        total_released += k.1;
+                        self.release_block(id);
+                    }
+                }
+                total_released >= key_size
+            }
+        }
+    }
+
+    /// `release_cached_blocks` (also `empty_cache()`): synchronize, then free every completely free
+    /// segment (and unmap free expandable pages), large pool first, then freeable private pools.
+    pub fn release_cached_blocks(&mut self) -> bool {
+        if self.captures_underway == 0 {
+            self.synchronize_and_free_events();
+            self.release_blocks(LARGE_POOL);
+            self.release_blocks(SMALL_POOL);
+        }
+        for i in 0..self.private_pools.len() {
+            if self.private_pools[i].freeable {
+                let (small, large) = (self.private_pools[i].small, self.private_pools[i].large);
+                self.release_blocks(small);
+                self.release_blocks(large);
+            }
+        }
+        true
+    }
+
+    /// `empty_cache()`.
+    pub fn empty_cache(&mut self) {
+        self.release_cached_blocks();
+    }
+
+    /// `synchronize_and_free_events`: every outstanding cross-stream free completes.
+    pub fn synchronize_and_free_events(&mut self) {
+        self.stats.num_sync_all_streams += 1;
+        for (b, _) in std::mem::take(&mut self.pending_frees) {
+            self.bm(b).event_count = 0;
+            self.free_block(b);
+        }
+    }
+
+    /// `release_blocks(pool)`.
+    fn release_blocks(&mut self, pool: PoolIdx) {
+        let all: Vec<BlockId> = self.pools[pool as usize].blocks.values().copied().collect();
+        let mut to_unmap = Vec::new();
+        for id in all {
+            let b = self.b(id);
+            if b.expandable_segment.is_some() {
+                to_unmap.push(id);
+            } else if b.prev == NIL && b.next == NIL {
+                self.release_block(id);
+            }
+        }
+        for id in to_unmap {
+            self.unmap_block(id);
+            let b = self.b(id);
+            if b.prev == NIL && b.next == NIL {
+                self.release_expandable_segment(id);
+            }
+        }
+    }
+
+    /// `release_block`: cudaFree a whole free segment.
+    fn release_block(&mut self, id: BlockId) {
+        let b = self.b(id).clone();
+        self.stats.num_device_free += 1;
+        self.events.push(Event { kind: EventKind::SegmentFree, addr: b.ptr, size: b.size, stream: b.stream, pool: b.pool });
+        self.device.free(b.ptr, b.size);
+        self.total_allocated_memory -= b.size;
+        if let Some(pp) = self.pools[b.pool as usize].owner_private_pool {
+            self.private_pools[pp as usize].cuda_malloc_count -= 1;
+        }
+        let small = self.is_small(b.pool);
+        self.stats.segment.decrease(small, 1);
+        self.stats.reserved_bytes.decrease(small, b.size);
+        if b.size >= self.config.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.erase_from_blocks(id);
+        self.delete_block(id);
+    }
+
+    /// `garbage_collect_cached_blocks`: free old unsplit large blocks until below the threshold.
+    fn garbage_collect_cached_blocks(&mut self) {
+        let allowed = self.allowed_memory_maximum.expect("GC runs only with a memory fraction");
+        let gc_threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
+        if self.total_allocated_memory <= gc_threshold {
+            return;
+        }
+        let target_size = self.total_allocated_memory - gc_threshold;
+        let mut gc_reclaimed = 0u64;
+        let clock = self.pools[LARGE_POOL as usize].get_free_blocks_call_count;
+        let gc_count = |b: &Block| (clock - b.gc_count_base) as i32 as i64 as u64;
+        let mut total_age: u64 = 0;
+        let mut freeable_block_count: i64 = 0;
+        for &id in self.pools[LARGE_POOL as usize].blocks.values() {
+            let b = self.b(id);
+            if !b.is_split() {
+                total_age = total_age.wrapping_add(gc_count(b));
+                freeable_block_count += 1;
+            }
+        }
+        if freeable_block_count == 0 {
+            return;
+        }
+        let mut block_freed = true;
+        while gc_reclaimed < target_size && block_freed && freeable_block_count > 0 {
+            let age_threshold = total_age as f64 / freeable_block_count as f64;
+            block_freed = false;
+            let all: Vec<BlockId> = self.pools[LARGE_POOL as usize].blocks.values().copied().collect();
+            for id in all {
+                let b = self.b(id);
+                if !b.is_split() && b.expandable_segment.is_none() && gc_count(b) as f64 >= age_threshold {
+                    block_freed = true;
+                    gc_reclaimed += b.size;
+                    total_age = total_age.wrapping_sub(gc_count(b));
+                    freeable_block_count -= 1;
+                    self.release_block(id);
+                }
+            }
+        }
+    }
+
+    // ----- expandable segments -----
+
+    /// `find_expandable_block`: the lowest address (of this stream's segments) where free and
+    /// unmapped blocks together cover `size`; else a new expandable segment.
+    fn find_expandable_block(&mut self, stream: u64, pool: PoolIdx, size: u64) -> BlockId {
+        let allocatable = |s: &Self, id: BlockId| id != NIL && !s.b(id).allocated && s.b(id).event_count == 0;
+        let candidates: Vec<BlockId> =
+            self.pools[pool as usize].unmapped.range((stream, 0)..).take_while(|(k, _)| k.0 == stream).map(|(_, &id)| id).collect();
+        for mut c in candidates {
+            let prev = self.b(c).prev;
+            if allocatable(self, prev) {
+                c = prev;
+            }
+            let mut bytes = 0u64;
+            let mut b = c;
+            while bytes < size && allocatable(self, b) {
+                bytes += self.b(b).size;
+                b = self.b(b).next;
+            }
+            if bytes >= size {
+                return c;
+            }
+        }
+        let segment_size = if self.is_small(pool) { K_SMALL_BUFFER } else { self.config.large_segment_size };
+        let total = self.device.mem_get_info().1;
+        let max_handles = (total + total / 8).div_ceil(segment_size);
+        let ptr = self.device.reserve(max_handles * segment_size);
+        let es = self.expandable_segments.len() as u32;
+        self.expandable_segments.push(Some(ExpandableSegment { ptr, segment_size, max_handles, stream, mapped_size: 0 }));
+        let id = self.new_block(Block {
+            stream,
+            size: max_handles * segment_size,
+            requested_size: 0,
+            pool,
+            ptr,
+            allocated: false,
+            mapped: false,
+            prev: NIL,
+            next: NIL,
+            event_count: 0,
+            gc_count_base: 0,
+            expandable_segment: Some(es),
+        });
+        self.unmapped_insert(id);
+        id
+    }
+
+    /// `map_block`: map whole pages covering `[ptr, ptr + size)` of an unmapped block.
+    fn map_block(&mut self, to_map: BlockId, size: u64) -> bool {
+        let b = self.b(to_map).clone();
+        let es_idx = b.expandable_segment.expect("map_block on an expandable block") as usize;
+        let (base, seg) = {
+            let es = self.expandable_segments[es_idx].as_ref().unwrap();
+            (es.ptr, es.segment_size)
+        };
+        let begin = (b.ptr - base) / seg;
+        let end = (b.ptr + size - base).div_ceil(seg);
+        if begin == end {
+            return false;
+        }
+        let mapped_ptr = base + begin * seg;
+        let mapped_size = (end - begin) * seg;
+        if !self.device.map(mapped_ptr, mapped_size) {
+            return false;
+        }
+        self.expandable_segments[es_idx].as_mut().unwrap().mapped_size += mapped_size;
+        self.unmapped_erase(to_map);
+        self.bm(to_map).mapped = true;
+        if mapped_size < b.size {
+            let remaining = self.new_block(Block {
+                stream: b.stream,
+                size: b.size - mapped_size,
+                requested_size: 0,
+                pool: b.pool,
+                ptr: b.ptr + mapped_size,
+                allocated: false,
+                mapped: false,
+                prev: to_map,
+                next: b.next,
+                event_count: 0,
+                gc_count_base: 0,
+                expandable_segment: b.expandable_segment,
+            });
+            if b.next != NIL {
+                self.bm(b.next).prev = remaining;
+            }
+            self.bm(to_map).next = remaining;
+            self.unmapped_insert(remaining);
+            self.bm(to_map).size = mapped_size;
+        }
+        let (prev, next) = (self.b(to_map).prev, self.b(to_map).next);
+        self.try_merge_blocks(to_map, prev);
+        self.try_merge_blocks(to_map, next);
+        self.insert_into_blocks(to_map);
+        self.total_allocated_memory += mapped_size;
+        let small = self.is_small(b.pool);
+        self.stats.reserved_bytes.increase(small, mapped_size);
+        self.stats.num_device_alloc += 1;
+        self.events.push(Event { kind: EventKind::SegmentMap, addr: mapped_ptr, size: mapped_size, stream: b.stream, pool: b.pool });
+        true
+    }
+
+    /// `try_allocate_expandable_block`.
+    fn try_allocate_expandable_block(&mut self, stream: u64, pool: PoolIdx, size: u64) -> Option<BlockId> {
+        let mut candidate = self.find_expandable_block(stream, pool, size);
+        if !self.b(candidate).mapped {
+            let n = self.b(candidate).size.min(size);
+            if !self.map_block(candidate, n) {
+                return None;
+            }
+        }
+        while self.b(candidate).size < size {
+            let remaining = size - self.b(candidate).size;
+            let new_candidate = self.b(candidate).next;
+            let n = remaining.min(self.b(new_candidate).size);
+            if !self.map_block(new_candidate, n) {
+                return None;
+            }
+            candidate = new_candidate;
+        }
+        self.erase_from_blocks(candidate);
+        Some(candidate)
+    }
+
+    /// `unmap_block`: unmap the whole pages strictly inside a free expandable block.
+    fn unmap_block(&mut self, id: BlockId) {
+        let b = self.b(id).clone();
+        let es_idx = b.expandable_segment.unwrap() as usize;
+        let (base, seg) = {
+            let es = self.expandable_segments[es_idx].as_ref().unwrap();
+            (es.ptr, es.segment_size)
+        };
+        let begin = (b.ptr - base).div_ceil(seg);
+        let end = (b.ptr + b.size - base) / seg;
+        if begin >= end {
+            return;
+        }
+        let unmapped_ptr = base + begin * seg;
+        let unmapped_size = (end - begin) * seg;
+        self.device.unmap(unmapped_ptr, unmapped_size);
+        self.expandable_segments[es_idx].as_mut().unwrap().mapped_size -= unmapped_size;
+        self.erase_from_blocks(id);
+        let before_size = unmapped_ptr - b.ptr;
+        if before_size > 0 {
+            let before = self.new_block(Block {
+                stream: b.stream,
+                size: before_size,
+                requested_size: 0,
+                pool: b.pool,
+                ptr: b.ptr,
+                allocated: false,
+                mapped: true,
+                prev: b.prev,
+                next: id,
+                event_count: 0,
+                gc_count_base: 0,
+                expandable_segment: b.expandable_segment,
+            });
+            if b.prev != NIL {
+                self.bm(b.prev).next = before;
+            }
+            self.bm(id).prev = before;
+            self.insert_into_blocks(before);
+        }
+        let after_size = b.size - (before_size + unmapped_size);
+        if after_size > 0 {
+            let next = self.b(id).next;
+            let after = self.new_block(Block {
+                stream: b.stream,
+                size: after_size,
+                requested_size: 0,
+                pool: b.pool,
+                ptr: unmapped_ptr + unmapped_size,
+                allocated: false,
+                mapped: true,
+                prev: id,
+                next,
+                event_count: 0,
+                gc_count_base: 0,
+                expandable_segment: b.expandable_segment,
+            });
+            if next != NIL {
+                self.bm(next).prev = after;
+            }
+            self.bm(id).next = after;
+            self.insert_into_blocks(after);
+        }
+        {
+            let bm = self.bm(id);
+            bm.ptr = unmapped_ptr;
+            bm.size = unmapped_size;
+            bm.mapped = false;
+        }
+        let (prev, next) = (self.b(id).prev, self.b(id).next);
+        self.try_merge_blocks(id, prev);
+        self.try_merge_blocks(id, next);
+        self.unmapped_insert(id);
+        self.total_allocated_memory -= unmapped_size;
+        let small = self.is_small(b.pool);
+        self.stats.reserved_bytes.decrease(small, unmapped_size);
+        if let Some(pp) = self.pools[b.pool as usize].owner_private_pool {
+            self.private_pools[pp as usize].cuda_malloc_count -= 1;
+        }
+        self.stats.num_device_free += 1;
+        self.events.push(Event { kind: EventKind::SegmentUnmap, addr: unmapped_ptr, size: unmapped_size, stream: b.stream, pool: b.pool });
+    }
+
+    /// `release_expandable_segment`: the whole segment is unmapped; free its address range.
+    fn release_expandable_segment(&mut self, id: BlockId) {
+        let es_idx = self.b(id).expandable_segment.unwrap() as usize;
+        let es = self.expandable_segments[es_idx].take().unwrap();
+        self.device.release_reservation(es.ptr, es.size());
+        self.unmapped_erase(id);
+        self.delete_block(id);
+    }
+
+    // ----- inspection -----
+
+    /// The segments as `torch.cuda.memory._snapshot()` lists them: one per cudaMalloc'd segment, one
+    /// per contiguous mapped range of an expandable segment; sorted by address.
+    pub fn segments(&self) -> Vec<SegmentView> {
+        let mut out = Vec::new();
+        for (id, b) in self.live_blocks() {
+            // A segment head: no prev, or (expandable) prev unmapped; and mapped.
+            if !b.mapped {
+                continue;
+            }
+            let head = b.prev == NIL || !self.b(b.prev).mapped;
+            if !head {
+                continue;
+            }
+            let mut blocks = Vec::new();
+            let mut cur = id;
+            while cur != NIL && self.b(cur).mapped {
+                blocks.push(cur);
+                cur = self.b(cur).next;
+            }
+            let total_size = blocks.iter().map(|&x| self.b(x).size).sum();
+            let pool = &self.pools[b.pool as usize];
+            out.push(SegmentView {
+                address: b.ptr,
+                total_size,
+                stream: b.stream,
+                is_small: pool.is_small,
+                pool_id: pool.owner_private_pool.map_or((0, 0), |i| self.private_pools[i as usize].id),
+                is_expandable: b.expandable_segment.is_some(),
+                blocks,
+            });
+        }
+        out.sort_by_key(|s| s.address);
+        out
+    }
+
+    /// Checks the structural invariants (blocks tile each segment, free sets agree with blocks, stats
+    /// agree with blocks). Returns a description of the first violation.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut allocated = [0i64; 3];
+        let mut active = [0i64; 3];
+        let mut n_alloc = [0i64; 3];
+        let mut reserved = [0i64; 3];
+        let mut segments = [0i64; 3];
+        let mut inactive_split = [0i64; 3];
+        let mut inactive_split_bytes = [0i64; 3];
+        let mut in_sets = 0usize;
+        for (id, b) in self.live_blocks() {
+            let p = if self.pools[b.pool as usize].is_small { 1 } else { 2 };
+            if b.next != NIL {
+                let n = self.b(b.next);
+                if n.prev != id {
+                    return Err(format!("block {id}: next.prev mismatch"));
+                }
+                if b.ptr + b.size != n.ptr {
+                    return Err(format!("block {id} at {:#x}+{} does not touch its next at {:#x}", b.ptr, b.size, n.ptr));
+                }
+            }
+            if b.prev != NIL && self.b(b.prev).next != id {
+                return Err(format!("block {id}: prev.next mismatch"));
+            }
+            if b.mapped {
+                reserved[p] += b.size as i64;
+                if b.expandable_segment.is_none() && b.prev == NIL {
+                    segments[p] += 1;
+                }
+            }
+            if b.allocated {
+                allocated[p] += b.size as i64;
+                n_alloc[p] += 1;
+            }
+            if b.allocated || b.event_count > 0 {
+                active[p] += b.size as i64;
+            }
+            let free = !b.allocated && b.event_count == 0;
+            if free && b.mapped {
+                let pool = &self.pools[b.pool as usize];
+                if pool.blocks.get(&(b.stream, b.size, b.ptr)) != Some(&id) {
+                    return Err(format!("free block {id} ({:#x}, {}) missing from its pool's set", b.ptr, b.size));
+                }
+                in_sets += 1;
+                if b.is_split() && b.expandable_segment.is_none() {
+                    inactive_split[p] += 1;
+                    inactive_split_bytes[p] += b.size as i64;
+                }
+                for nb in [b.prev, b.next] {
+                    if nb != NIL {
+                        let o = self.b(nb);
+                        if !o.allocated && o.event_count == 0 && o.mapped {
+                            return Err(format!("free block {id} has an unmerged free neighbour {nb}"));
+                        }
+                    }
+                }
+            }
+        }
+        let set_total: usize = self.pools.iter().map(|p| p.blocks.len()).sum();
+        if set_total != in_sets {
+            return Err(format!("pool sets hold {set_total} blocks, {in_sets} free mapped blocks exist"));
+        }
+        let s = &self.stats;
+        for (name, arr, want) in [
+            ("allocated_bytes", &s.allocated_bytes, allocated),
+            ("active_bytes", &s.active_bytes, active),
+            ("allocation", &s.allocation, n_alloc),
+            ("reserved_bytes", &s.reserved_bytes, reserved),
+            ("segment", &s.segment, segments),
+            ("inactive_split", &s.inactive_split, inactive_split),
+            ("inactive_split_bytes", &s.inactive_split_bytes, inactive_split_bytes),
+        ] {
+            for p in 1..3 {
+                if arr.0[p].current != want[p] {
+                    return Err(format!("{name}[{p}].current = {} but blocks say {}", arr.0[p].current, want[p]));
+                }
+            }
+            if arr.0[0].current != want[1] + want[2] {
+                return Err(format!("{name}.all.current = {} but blocks say {}", arr.0[0].current, want[1] + want[2]));
+            }
+        }
+        if self.total_allocated_memory as i64 != reserved[1] + reserved[2] {
+            return Err(format!("total_allocated_memory {} != mapped bytes {}", self.total_allocated_memory, reserved[1] + reserved[2]));
+        }
+        Ok(())
+    }
+}
+
+/// A segment as a snapshot shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentView {
+    pub address: u64,
+    pub total_size: u64,
+    pub stream: u64,
+    pub is_small: bool,
+    pub pool_id: MempoolId,
+    pub is_expandable: bool,
+    pub blocks: Vec<BlockId>,
+}

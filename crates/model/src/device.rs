@@ -1,0 +1,223 @@
+//! The device under the allocator: `cudaMalloc`/`cudaFree`, the virtual-memory calls of expandable
+//! segments, and `cudaMemGetInfo`. [`SimDevice`] simulates one; the `cuda` backend drives a real GPU.
+
+use std::collections::BTreeMap;
+
+/// What the allocator asks of the device. Addresses are chosen by the device (the driver), which is
+/// why a simulated device takes a [`Placement`].
+pub trait Device {
+    /// `cudaMalloc(size)`: `None` when the device is out of memory.
+    fn malloc(&mut self, size: u64) -> Option<u64>;
+    /// `cudaFree(ptr)` of a segment of `size` bytes.
+    fn free(&mut self, ptr: u64, size: u64);
+    /// `cuMemAddressReserve(size)` for a new expandable segment: its base address.
+    fn reserve(&mut self, size: u64) -> u64;
+    /// `cuMemAddressFree` of a whole reservation.
+    fn release_reservation(&mut self, base: u64, size: u64);
+    /// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` of `size` bytes (whole pages) at `ptr`:
+    /// false when the device is out of memory (nothing stays mapped).
+    fn map(&mut self, ptr: u64, size: u64) -> bool;
+    /// `cuMemUnmap` + `cuMemRelease` of `size` bytes at `ptr`.
+    fn unmap(&mut self, ptr: u64, size: u64);
+    /// `cudaMemGetInfo`: (free, total).
+    fn mem_get_info(&self) -> (u64, u64);
+}
+
+/// How a simulated device chooses the address of a new segment.
+#[derive(Clone, Debug)]
+pub enum Placement {
+    /// Addresses taken from a recorded run: a new segment of size S gets the address of the earliest
+    /// recorded `segment_alloc` of size S not yet given out whose range no live segment occupies
+    /// (so a run that makes the recorded run's cudaMallocs gets its addresses one for one); a new
+    /// expandable reservation gets the next recorded reservation base. Falls back to fresh
+    /// addresses above all recorded ones.
+    Recorded { segments: Vec<(u64, u64)>, reservations: Vec<u64> },
+    /// Every new segment above all earlier ones (a bump pointer; freed ranges are never reused).
+    Ascending,
+    /// Every new segment below all earlier ones.
+    Descending,
+    /// The lowest free range that fits (freed ranges are reused).
+    LowestFit,
+    /// A seeded pseudo-random free range.
+    Random(u64),
+}
+
+const VA_BASE: u64 = 0x7f00_0000_0000;
+const VA_ALIGN: u64 = 2 << 20;
+
+/// A simulated GPU: `total` bytes of memory and a placement policy for addresses.
+#[derive(Clone, Debug)]
+pub struct SimDevice {
+    total: u64,
+    used: u64,
+    placement: Placement,
+    /// Live address ranges (segments and reservations): start → end.
+    live: BTreeMap<u64, u64>,
+    /// Recorded addresses by size, in recorded order, and whether each was given out.
+    recorded_by_size: std::collections::HashMap<u64, Vec<(u64, bool)>>,
+    next_reservation: usize,
+    bump_up: u64,
+    bump_down: u64,
+    rng: u64,
+}
+
+impl SimDevice {
+    pub fn new(total: u64, placement: Placement) -> SimDevice {
+        let mut recorded_by_size: std::collections::HashMap<u64, Vec<(u64, bool)>> = Default::default();
+        let mut top = VA_BASE;
+        let mut rng = 0x9e37_79b9_7f4a_7c15;
+        match &placement {
+            Placement::Recorded { segments, reservations } => {
+                for &(addr, size) in segments {
+                    recorded_by_size.entry(size).or_default().push((addr, false));
+                    top = top.max(addr.saturating_add(size));
+                }
+                for &b in reservations {
+                    top = top.max(b.saturating_add(1 << 40));
+                }
+            }
+            Placement::Random(seed) => rng ^= seed.wrapping_mul(0x2545_f491_4f6c_dd1d),
+            _ => {}
+        }
+        let bump_up = top.div_ceil(VA_ALIGN) * VA_ALIGN + (1 << 40);
+        SimDevice {
+            total,
+            used: 0,
+            placement,
+            live: BTreeMap::new(),
+            recorded_by_size,
+            next_reservation: 0,
+            bump_up,
+            bump_down: bump_up + (1 << 46),
+            rng,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    fn occupied(&self, addr: u64, size: u64) -> bool {
+        let end = addr.saturating_add(size);
+        match self.live.range(..end).next_back() {
+            Some((_, &e)) => e > addr,
+            None => false,
+        }
+    }
+
+    fn lowest_fit(&self, size: u64, from: u64) -> u64 {
+        let mut cand = from;
+        for (&s, &e) in self.live.range(..) {
+            if e <= cand {
+                continue;
+            }
+            if s >= cand.saturating_add(size) {
+                break;
+            }
+            cand = e.div_ceil(VA_ALIGN) * VA_ALIGN;
+        }
+        cand
+    }
+
+    fn next_rand(&mut self) -> u64 {
+        // splitmix64
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn place(&mut self, size: u64) -> u64 {
+        let addr = match &self.placement {
+            Placement::Recorded { .. } => {
+                let found = self
+                    .recorded_by_size
+                    .get(&size)
+                    .and_then(|v| v.iter().position(|&(a, used)| !used && !self.occupied(a, size)));
+                match found {
+                    Some(i) => {
+                        let e = &mut self.recorded_by_size.get_mut(&size).unwrap()[i];
+                        e.1 = true;
+                        e.0
+                    }
+                    None => self.bump(size),
+                }
+            }
+            Placement::Ascending => self.bump(size),
+            Placement::Descending => {
+                self.bump_down -= size.div_ceil(VA_ALIGN) * VA_ALIGN;
+                self.bump_down
+            }
+            Placement::LowestFit => self.lowest_fit(size, VA_BASE),
+            Placement::Random(_) => {
+                let span = 1u64 << 44;
+                let mut a;
+                loop {
+                    a = VA_BASE + (self.next_rand() % (span / VA_ALIGN)) * VA_ALIGN;
+                    if !self.occupied(a, size) {
+                        break;
+                    }
+                }
+                a
+            }
+        };
+        self.live.insert(addr, addr + size);
+        addr
+    }
+
+    fn bump(&mut self, size: u64) -> u64 {
+        let a = self.bump_up;
+        self.bump_up += size.div_ceil(VA_ALIGN) * VA_ALIGN;
+        a
+    }
+}
+
+impl Device for SimDevice {
+    fn malloc(&mut self, size: u64) -> Option<u64> {
+        if self.used.saturating_add(size) > self.total {
+            return None;
+        }
+        self.used += size;
+        Some(self.place(size))
+    }
+    fn free(&mut self, ptr: u64, size: u64) {
+        self.used -= size;
+        self.live.remove(&ptr);
+    }
+    fn reserve(&mut self, size: u64) -> u64 {
+        if let Placement::Recorded { reservations, .. } = &self.placement {
+            while self.next_reservation < reservations.len() {
+                let b = reservations[self.next_reservation];
+                self.next_reservation += 1;
+                if !self.occupied(b, size) {
+                    self.live.insert(b, b + size);
+                    return b;
+                }
+            }
+            let a = self.bump(size);
+            self.live.insert(a, a + size);
+            return a;
+        }
+        self.place(size)
+    }
+    fn release_reservation(&mut self, base: u64, _size: u64) {
+        self.live.remove(&base);
+    }
+    fn map(&mut self, _ptr: u64, size: u64) -> bool {
+        if self.used.saturating_add(size) > self.total {
+            return false;
+        }
+        self.used += size;
+        true
+    }
+    fn unmap(&mut self, _ptr: u64, size: u64) {
+        self.used -= size;
+    }
+    fn mem_get_info(&self) -> (u64, u64) {
+        (self.total - self.used, self.total)
+    }
+}

@@ -1,0 +1,214 @@
+//! Replays a [`Program`] through the allocator model and collects what happened.
+
+use allocsim_model::allocator::{BlockId, CachingAllocator, EventKind, OutOfMemory};
+use allocsim_model::{AllocatorConfig, DeviceStats, Placement, SimDevice};
+use allocsim_trace::{Action, TraceEntry};
+
+use crate::program::{Op, Program};
+
+/// How to replay: the allocator settings, the allowed maximum, the device and its placement.
+#[derive(Clone, Debug)]
+pub struct ReplayOptions {
+    pub config: AllocatorConfig,
+    /// The allowed maximum (`set_per_process_memory_fraction`), in bytes.
+    pub capacity: Option<u64>,
+    /// The device's total memory (`totalGlobalMem`).
+    pub device_memory: u64,
+    pub placement: Placement,
+}
+
+/// Where the `empty_cache()` calls are: the trace does not record them.
+#[derive(Clone, Copy, Debug)]
+pub enum EmptyCacheCalls<'a> {
+    /// Decide while replaying under the trace's own settings: a release run that the model's next
+    /// `malloc` does not produce itself was an `empty_cache()`.
+    Infer(&'a [TraceEntry]),
+    /// Apply `empty_cache()` at the ops flagged (one flag per op).
+    Given(&'a [bool]),
+}
+
+/// A segment event the model produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SegmentEvent {
+    pub action: &'static str,
+    pub addr: u64,
+    pub size: u64,
+    pub stream: u64,
+    /// The ordinal of the request during (or before) which it happened.
+    pub request: u32,
+}
+
+/// A request the model could not serve.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Oom {
+    pub request: u32,
+    pub info: OutOfMemory,
+}
+
+/// What a replay did.
+#[derive(Clone, Debug)]
+pub struct ReplayOutcome {
+    pub stats: DeviceStats,
+    pub segment_events: Vec<SegmentEvent>,
+    pub ooms: Vec<Oom>,
+    /// One flag per op: an `empty_cache()` was applied there.
+    pub empty_cache: Vec<bool>,
+    /// The address each request got (`None`: it ran out of memory).
+    pub addresses: Vec<Option<u64>>,
+    /// Peak `reserved_bytes.all`, same as `stats`, kept for convenience.
+    pub peak_reserved: u64,
+    /// The allocator at the end of the trace.
+    pub allocator: CachingAllocator<SimDevice>,
+}
+
+impl ReplayOutcome {
+    pub fn first_oom(&self) -> Option<u32> {
+        self.ooms.first().map(|o| o.request)
+    }
+}
+
+fn action_name(k: EventKind) -> &'static str {
+    match k {
+        EventKind::SegmentAlloc => "segment_alloc",
+        EventKind::SegmentFree => "segment_free",
+        EventKind::SegmentMap => "segment_map",
+        EventKind::SegmentUnmap => "segment_unmap",
+        EventKind::Oom => "oom",
+    }
+}
+
+/// Replays `program` under `opts`.
+pub fn replay(program: &Program, opts: &ReplayOptions, empty_cache: EmptyCacheCalls<'_>) -> ReplayOutcome {
+    let device = SimDevice::new(opts.device_memory, opts.placement.clone());
+    let mut alloc = CachingAllocator::new(opts.config.clone(), device);
+    if opts.capacity.is_some() {
+        alloc.set_allowed_memory_maximum(opts.capacity);
+    }
+    for &id in &program.private_pools {
+        alloc.private_pool(id);
+    }
+    let n = program.requests.len();
+    let mut blocks: Vec<Option<BlockId>> = vec![None; n];
+    let mut tokens: Vec<Option<u64>> = vec![None; n];
+    let mut addresses: Vec<Option<u64>> = vec![None; n];
+    let mut segment_events = Vec::new();
+    let mut ooms = Vec::new();
+    let mut flags = vec![false; program.ops.len()];
+    let mut next_request = 0u32;
+
+    fn drain(alloc: &mut CachingAllocator<SimDevice>, out: &mut Vec<SegmentEvent>, request: u32) {
+        for e in alloc.events.drain(..) {
+            if e.kind != EventKind::Oom {
+                out.push(SegmentEvent { action: action_name(e.kind), addr: e.addr, size: e.size, stream: e.stream, request });
+            }
+        }
+    }
+
+    for (oi, op) in program.ops.iter().enumerate() {
+        match *op {
+            Op::Malloc(req) => {
+                let r = &program.requests[req as usize];
+                match alloc.malloc(r.size, r.stream, r.route) {
+                    Ok(b) => {
+                        blocks[req as usize] = Some(b);
+                        addresses[req as usize] = Some(alloc.block(b).ptr);
+                    }
+                    Err(info) => ooms.push(Oom { request: req, info }),
+                }
+                drain(&mut alloc, &mut segment_events, req);
+                next_request = req + 1;
+            }
+            Op::Free { req, deferred } => {
+                if let Some(b) = blocks[req as usize].take() {
+                    tokens[req as usize] = alloc.free(b, deferred);
+                }
+            }
+            Op::Complete(req) => {
+                if let Some(t) = tokens[req as usize].take() {
+                    alloc.complete_free(t);
+                }
+            }
+            Op::ReleaseRun { start, end } => {
+                let is_empty_cache = match empty_cache {
+                    EmptyCacheCalls::Given(f) => f.get(oi).copied().unwrap_or(false),
+                    EmptyCacheCalls::Infer(trace) => {
+                        let recorded = &trace[start as usize..end as usize];
+                        !next_malloc_makes(&alloc, program, program.ops.get(oi + 1), recorded)
+                    }
+                };
+                if is_empty_cache {
+                    flags[oi] = true;
+                    alloc.empty_cache();
+                    drain(&mut alloc, &mut segment_events, next_request);
+                }
+            }
+        }
+    }
+    let stats = alloc.stats.clone();
+    ReplayOutcome {
+        peak_reserved: stats.reserved_bytes.all().peak as u64,
+        stats,
+        segment_events,
+        ooms,
+        empty_cache: flags,
+        addresses,
+        allocator: alloc,
+    }
+}
+
+/// Would the next op, a `malloc`, release exactly the recorded segments itself?
+fn next_malloc_makes(alloc: &CachingAllocator<SimDevice>, program: &Program, next: Option<&Op>, recorded: &[TraceEntry]) -> bool {
+    let Some(&Op::Malloc(req)) = next else { return false };
+    let r = &program.requests[req as usize];
+    let mut trial = alloc.clone();
+    let _ = trial.malloc(r.size, r.stream, r.route);
+    let released = trial.events.iter().filter(|e| matches!(e.kind, EventKind::SegmentFree | EventKind::SegmentUnmap));
+    let mut n = 0;
+    for (e, rec) in released.zip(recorded) {
+        let kind = if rec.action == Action::SegmentFree { EventKind::SegmentFree } else { EventKind::SegmentUnmap };
+        if e.kind != kind || e.size != rec.size || e.addr != rec.addr {
+            return false;
+        }
+        n += 1;
+    }
+    n == recorded.len()
+}
+
+/// The addresses a recorded run gave its segments: every `segment_alloc` (address, size) in order,
+/// and the base of every expandable-segment reservation (the first `segment_map` outside the
+/// reservations seen so far; a reservation spans 1.125 × `device_memory`).
+pub fn recorded_placement(trace: &[TraceEntry], device_memory: u64) -> Placement {
+    let reservation = (device_memory + device_memory / 8).div_ceil(2 << 20) * (2 << 20);
+    let mut segments = Vec::new();
+    let mut reservations: Vec<u64> = Vec::new();
+    for e in trace {
+        match e.action {
+            Action::SegmentAlloc => segments.push((e.addr, e.size)),
+            Action::SegmentMap => {
+                if !reservations.iter().any(|&b| e.addr >= b && e.addr < b + reservation) {
+                    reservations.push(e.addr);
+                }
+            }
+            _ => {}
+        }
+    }
+    Placement::Recorded { segments, reservations }
+}
+
+/// The placements `--placements N` tries, in order: the recorded run's addresses, ascending,
+/// descending, lowest fit, then seeded random ones.
+pub fn plausible_placements(trace: &[TraceEntry], device_memory: u64, n: usize) -> Vec<(String, Placement)> {
+    let mut v = vec![
+        ("recorded".to_string(), recorded_placement(trace, device_memory)),
+        ("ascending".to_string(), Placement::Ascending),
+        ("descending".to_string(), Placement::Descending),
+        ("lowest-fit".to_string(), Placement::LowestFit),
+    ];
+    let mut seed = 1;
+    while v.len() < n {
+        v.push((format!("random-{seed}"), Placement::Random(seed)));
+        seed += 1;
+    }
+    v.truncate(n);
+    v
+}
