@@ -1,7 +1,12 @@
 //! allocsim-replay: turns trace events into allocator requests ([`program`]), replays them through
-//! the model ([`replay`]), and checks a replay against its recording ([`validate`]).
+//! the model ([`replay`]), answers one replay question end to end ([`run`]), and checks a replay
+//! against its recording ([`validate`]).
 pub mod program;
 pub mod replay;
+pub mod run;
+pub mod validate;
 
 pub use program::{Op, Program, Request};
 pub use replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, plausible_placements, recorded_placement, replay};
+pub use run::{ReplaySpec, Replayed, RunError, recorded_config, run};
+pub use validate::{Validation, validate};

@@ -1,0 +1,174 @@
+//! One replay question, end to end: a snapshot and a spec in, a [`Replayed`] out.
+//!
+//! This is where the replay semantics that need more than one pass live: the `empty_cache()`
+//! calls are inferred by replaying under the trace's own settings, then applied under the
+//! requested config; `--addresses-from` and `--placements` choose the device's addresses.
+
+use allocsim_model::constants::H200_TOTAL_MEMORY;
+use allocsim_model::AllocatorConfig;
+use allocsim_trace::{Snapshot, SnapshotSegment, TraceEntry};
+
+use crate::program::{Op, Program};
+use crate::replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, plausible_placements, recorded_placement, replay};
+
+/// What to replay, and how.
+#[derive(Clone, Debug)]
+pub struct ReplaySpec<'a> {
+    /// A `PYTORCH_CUDA_ALLOC_CONF` string; `None`: the settings recorded in the snapshot.
+    pub config: Option<String>,
+    /// The allowed maximum in bytes (`set_per_process_memory_fraction`).
+    pub capacity: Option<u64>,
+    /// The device's total memory.
+    pub device_memory: u64,
+    /// The allowed maximum the trace was recorded under; default: `capacity` when replaying under
+    /// the trace's own settings.
+    pub trace_capacity: Option<u64>,
+    /// Take new segments' addresses from this recorded run of the same requests.
+    pub addresses_from: Option<&'a Snapshot>,
+    /// Also replay under this many plausible placements.
+    pub placements: Option<usize>,
+    /// Which device's trace; default: the first with entries.
+    pub device: Option<usize>,
+}
+
+impl Default for ReplaySpec<'_> {
+    fn default() -> Self {
+        ReplaySpec {
+            config: None,
+            capacity: None,
+            device_memory: H200_TOTAL_MEMORY,
+            trace_capacity: None,
+            addresses_from: None,
+            placements: None,
+            device: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("the snapshot has no device {0} ({1} device traces)")]
+    NoDevice(usize, usize),
+    #[error("the snapshot's recorded PYTORCH_CUDA_ALLOC_CONF {conf:?} is not valid for PyTorch 2.11: {err}")]
+    RecordedConfig { conf: String, err: allocsim_model::ConfigError },
+    #[error("--config {conf:?}: {err}")]
+    Config { conf: String, err: allocsim_model::ConfigError },
+}
+
+/// Everything one replay computes.
+#[derive(Clone, Debug)]
+pub struct Replayed {
+    pub device: usize,
+    pub program: Program,
+    pub options: ReplayOptions,
+    pub outcome: ReplayOutcome,
+    /// (placement name, outcome) for `placements`.
+    pub placements: Vec<(String, ReplayOutcome)>,
+    pub trace: Vec<TraceEntry>,
+    /// The snapshot's final segments of this device.
+    pub segments: Vec<SnapshotSegment>,
+    /// Whether the replay ran under the trace's own settings and allowed maximum.
+    pub own_settings: bool,
+}
+
+impl Replayed {
+    /// The request ordinals before which an `empty_cache()` call was applied.
+    pub fn empty_cache_requests(&self) -> Vec<u32> {
+        let mut next = 0u32;
+        let mut out = Vec::new();
+        for (op, &f) in self.program.ops.iter().zip(&self.outcome.empty_cache) {
+            match *op {
+                Op::Malloc(r) => next = r + 1,
+                _ if f => out.push(next),
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// The settings the snapshot was recorded under.
+pub fn recorded_config(snap: &Snapshot) -> Result<AllocatorConfig, RunError> {
+    let s = &snap.settings;
+    match &s.alloc_conf {
+        Some(conf) => AllocatorConfig::parse(conf).map_err(|err| RunError::RecordedConfig { conf: conf.clone(), err }),
+        None => {
+            // No settings string recorded: rebuild what matters from the recorded values.
+            let mut c = AllocatorConfig::default();
+            if let Some(m) = s.max_split_size.filter(|&m| m > 0) {
+                c.max_split_size = m as u64;
+            }
+            if let Some(g) = s.garbage_collection_threshold {
+                c.garbage_collection_threshold = g;
+            }
+            if let Some(e) = s.expandable_segments {
+                c.expandable_segments = e;
+            }
+            Ok(c)
+        }
+    }
+}
+
+fn same_settings(a: &AllocatorConfig, b: &AllocatorConfig) -> bool {
+    let (mut a, mut b) = (a.clone(), b.clone());
+    a.source.clear();
+    b.source.clear();
+    a == b
+}
+
+/// Replays one device of `snap` as `spec` asks.
+pub fn run(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Replayed, RunError> {
+    let device = match spec.device {
+        Some(d) if d < snap.device_traces.len() => d,
+        Some(d) => return Err(RunError::NoDevice(d, snap.device_traces.len())),
+        None => snap.device_traces.iter().position(|t| !t.is_empty()).unwrap_or(0),
+    };
+    let trace = snap.device_traces.get(device).cloned().unwrap_or_default();
+    let segments: Vec<_> = snap.segments.iter().filter(|s| s.device == device as i64).cloned().collect();
+    let own = recorded_config(snap)?;
+    let config = match &spec.config {
+        Some(c) => AllocatorConfig::parse(c).map_err(|err| RunError::Config { conf: c.clone(), err })?,
+        None => own.clone(),
+    };
+    let program = Program::build(&trace, &segments);
+    let own_config = same_settings(&config, &own);
+    let placement = match spec.addresses_from {
+        Some(other) => recorded_placement(other.device_traces.get(device).map_or(&[], |v| v.as_slice()), spec.device_memory),
+        None => recorded_placement(&trace, spec.device_memory),
+    };
+    let options = ReplayOptions { config, capacity: spec.capacity, device_memory: spec.device_memory, placement };
+    // Where were the empty_cache() calls? Decided under the trace's own settings and addresses.
+    let trace_capacity = spec.trace_capacity.or(if own_config { spec.capacity } else { None });
+    let own_settings = own_config && trace_capacity == spec.capacity;
+    let (outcome, flags) = if own_settings && spec.addresses_from.is_none() {
+        let o = replay(&program, &options, EmptyCacheCalls::Infer(&trace));
+        let f = o.empty_cache.clone();
+        (o, f)
+    } else {
+        let infer_opts = ReplayOptions {
+            config: own,
+            capacity: trace_capacity,
+            device_memory: spec.device_memory,
+            placement: recorded_placement(&trace, spec.device_memory),
+        };
+        let f = replay(&program, &infer_opts, EmptyCacheCalls::Infer(&trace)).empty_cache;
+        (replay(&program, &options, EmptyCacheCalls::Given(&f)), f)
+    };
+    let mut placements = Vec::new();
+    if let Some(n) = spec.placements {
+        let list = plausible_placements(&trace, spec.device_memory, n);
+        placements = std::thread::scope(|s| {
+            let handles: Vec<_> = list
+                .into_iter()
+                .map(|(name, pl)| {
+                    let mut o = options.clone();
+                    o.placement = pl;
+                    let (program, flags) = (&program, &flags);
+                    s.spawn(move || (name, replay(program, &o, EmptyCacheCalls::Given(flags))))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("placement replay panicked")).collect()
+        });
+    }
+    Ok(Replayed { device, program, options, outcome, placements, trace, segments, own_settings })
+}

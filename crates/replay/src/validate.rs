@@ -1,0 +1,134 @@
+//! Checks a replay under the trace's own settings against what the trace recorded: every segment
+//! event (in order, with its request), every OOM, every allocation's address, and the final
+//! segments with their blocks.
+
+use allocsim_trace::{Action, BlockState};
+
+use crate::run::Replayed;
+
+/// How much of one kind of recorded fact the replay reproduced.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Agreement {
+    pub recorded: usize,
+    pub simulated: usize,
+    pub matched: usize,
+    pub first_divergence: Option<String>,
+}
+
+impl Agreement {
+    pub fn exact(&self) -> bool {
+        self.first_divergence.is_none()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Validation {
+    pub exact: bool,
+    pub segment_events: Agreement,
+    pub ooms: Agreement,
+    pub alloc_addresses: Agreement,
+    pub final_segments: Agreement,
+}
+
+pub fn validate(r: &Replayed) -> Validation {
+    let o = &r.outcome;
+    let mut recorded = Vec::new();
+    let mut recorded_ooms = Vec::new();
+    let mut req = 0u32;
+    for e in &r.trace {
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => {
+                recorded.push((req, e.action.as_str(), e.addr, e.size))
+            }
+            Action::Alloc => req += 1,
+            Action::Oom => {
+                recorded_ooms.push(req);
+                req += 1
+            }
+            _ => {}
+        }
+    }
+    let sim: Vec<_> = o.segment_events.iter().map(|e| (e.request, e.action, e.addr, e.size)).collect();
+    let show = |x: Option<&(u32, &str, u64, u64)>| {
+        x.map_or("nothing".to_string(), |x| format!("{} of {} bytes at {:#x} (request {})", x.1, x.3, x.2, x.0))
+    };
+    let matched = recorded.iter().zip(&sim).take_while(|(a, b)| a == b).count();
+    let segment_events = Agreement {
+        recorded: recorded.len(),
+        simulated: sim.len(),
+        matched,
+        first_divergence: (recorded != sim)
+            .then(|| format!("event {matched}: recorded {}, simulated {}", show(recorded.get(matched)), show(sim.get(matched)))),
+    };
+    let sim_ooms: Vec<u32> = o.ooms.iter().map(|x| x.request).collect();
+    let ooms = Agreement {
+        recorded: recorded_ooms.len(),
+        simulated: sim_ooms.len(),
+        matched: recorded_ooms.iter().filter(|x| sim_ooms.contains(x)).count(),
+        first_divergence: (recorded_ooms != sim_ooms)
+            .then(|| format!("recorded OOMs at requests {recorded_ooms:?}, simulated at {sim_ooms:?}")),
+    };
+    let mut alloc_addresses = Agreement::default();
+    for (i, q) in r.program.requests.iter().enumerate().filter(|(_, q)| !q.recorded_oom) {
+        alloc_addresses.recorded += 1;
+        if o.addresses[i].is_some() {
+            alloc_addresses.simulated += 1;
+        }
+        if o.addresses[i] == Some(q.recorded_addr) {
+            alloc_addresses.matched += 1;
+        } else if alloc_addresses.first_divergence.is_none() {
+            alloc_addresses.first_divergence = Some(format!(
+                "request {i}: recorded {:#x}, simulated {}",
+                q.recorded_addr,
+                o.addresses[i].map_or("OOM".into(), |a| format!("{a:#x}"))
+            ));
+        }
+    }
+    let final_segments = compare_final_segments(r);
+    Validation {
+        exact: segment_events.exact() && ooms.exact() && alloc_addresses.exact() && final_segments.exact(),
+        segment_events,
+        ooms,
+        alloc_addresses,
+        final_segments,
+    }
+}
+
+type SegmentShape = (u64, u64, Vec<(u64, BlockState)>);
+
+/// The snapshot's final segments (address, size, each block's size and state) against the model's.
+fn compare_final_segments(r: &Replayed) -> Agreement {
+    let a = &r.outcome.allocator;
+    let sim: Vec<SegmentShape> = a
+        .segments()
+        .into_iter()
+        .map(|s| {
+            let blocks = s
+                .blocks
+                .iter()
+                .map(|&id| {
+                    let b = a.block(id);
+                    let st = if b.allocated {
+                        BlockState::ActiveAllocated
+                    } else if b.event_count > 0 {
+                        BlockState::ActivePendingFree
+                    } else {
+                        BlockState::Inactive
+                    };
+                    (b.size, st)
+                })
+                .collect();
+            (s.address, s.total_size, blocks)
+        })
+        .collect();
+    let rec: Vec<SegmentShape> =
+        r.segments.iter().map(|s| (s.address, s.total_size, s.blocks.iter().map(|b| (b.size, b.state)).collect())).collect();
+    let show = |s: Option<&SegmentShape>| s.map_or("none".to_string(), |s| format!("{:#x} ({} bytes, {} blocks)", s.0, s.1, s.2.len()));
+    let i = rec.iter().zip(&sim).take_while(|(x, y)| x == y).count();
+    Agreement {
+        recorded: rec.len(),
+        simulated: sim.len(),
+        matched: rec.iter().filter(|s| sim.contains(s)).count(),
+        first_divergence: (rec != sim).then(|| format!("segment {i}: recorded {}, simulated {}", show(rec.get(i)), show(sim.get(i)))),
+    }
+}
