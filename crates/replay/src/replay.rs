@@ -175,18 +175,31 @@ fn next_malloc_makes(alloc: &CachingAllocator<SimDevice>, program: &Program, nex
 }
 
 /// The addresses a recorded run gave its segments: every `segment_alloc` (address, size) in order,
-/// and the base of every expandable-segment reservation (the first `segment_map` outside the
-/// reservations seen so far; a reservation spans 1.125 × `device_memory`).
+/// and the base of every expandable-segment reservation. A reservation spans 1.125 × `device_memory`
+/// and starts at its first `segment_map`; it is released when an unmap leaves nothing of it mapped
+/// (`release_expandable_segment`), after which a later map in its range starts a new one.
 pub fn recorded_placement(trace: &[TraceEntry], device_memory: u64) -> Placement {
     let reservation = (device_memory + device_memory / 8).div_ceil(2 << 20) * (2 << 20);
     let mut segments = Vec::new();
     let mut reservations: Vec<u64> = Vec::new();
+    // Live reservations: (base, mapped bytes).
+    let mut live: Vec<(u64, u64)> = Vec::new();
     for e in trace {
         match e.action {
             Action::SegmentAlloc => segments.push((e.addr, e.size)),
-            Action::SegmentMap => {
-                if !reservations.iter().any(|&b| e.addr >= b && e.addr < b + reservation) {
+            Action::SegmentMap => match live.iter_mut().find(|(b, _)| e.addr >= *b && e.addr < *b + reservation) {
+                Some(r) => r.1 += e.size,
+                None => {
                     reservations.push(e.addr);
+                    live.push((e.addr, e.size));
+                }
+            },
+            Action::SegmentUnmap => {
+                if let Some(i) = live.iter().position(|(b, _)| e.addr >= *b && e.addr < *b + reservation) {
+                    live[i].1 = live[i].1.saturating_sub(e.size);
+                    if live[i].1 == 0 {
+                        live.remove(i);
+                    }
                 }
             }
             _ => {}
