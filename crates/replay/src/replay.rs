@@ -1,7 +1,7 @@
 //! Replays a [`Program`] through the allocator model and collects what happened.
 
 use allocsim_model::allocator::{BlockId, CachingAllocator, EventKind, OutOfMemory};
-use allocsim_model::{AllocatorConfig, DeviceStats, Placement, SimDevice};
+use allocsim_model::{AllocatorConfig, Device, DeviceStats, Placement, SimDevice};
 use allocsim_trace::{Action, TraceEntry};
 
 use crate::program::{Op, Program};
@@ -47,7 +47,7 @@ pub struct Oom {
 
 /// What a replay did.
 #[derive(Clone, Debug)]
-pub struct ReplayOutcome {
+pub struct ReplayOutcome<D: Device = SimDevice> {
     pub stats: DeviceStats,
     pub segment_events: Vec<SegmentEvent>,
     pub ooms: Vec<Oom>,
@@ -58,10 +58,10 @@ pub struct ReplayOutcome {
     /// Peak `reserved_bytes.all`, same as `stats`, kept for convenience.
     pub peak_reserved: u64,
     /// The allocator at the end of the trace.
-    pub allocator: CachingAllocator<SimDevice>,
+    pub allocator: CachingAllocator<D>,
 }
 
-impl ReplayOutcome {
+impl<D: Device> ReplayOutcome<D> {
     pub fn first_oom(&self) -> Option<u32> {
         self.ooms.first().map(|o| o.request)
     }
@@ -77,9 +77,28 @@ fn action_name(k: EventKind) -> &'static str {
     }
 }
 
-/// Replays `program` under `opts`.
+/// Replays `program` under `opts` on a simulated device.
 pub fn replay(program: &Program, opts: &ReplayOptions, empty_cache: EmptyCacheCalls<'_>) -> ReplayOutcome {
     let device = SimDevice::new(opts.device_memory, opts.placement.clone());
+    replay_on(program, opts, device, |alloc, oi| match empty_cache {
+        EmptyCacheCalls::Given(f) => f.get(oi).copied().unwrap_or(false),
+        EmptyCacheCalls::Infer(trace) => {
+            let Op::ReleaseRun { start, end } = program.ops[oi] else { return false };
+            !next_malloc_makes(alloc, program, program.ops.get(oi + 1), &trace[start as usize..end as usize])
+        }
+    })
+}
+
+/// Replays `program` under `opts` on `device` (a simulated or a real one). At each release run,
+/// `is_empty_cache(allocator, op index)` says whether it was an `empty_cache()` call. (Inferring
+/// that tries the next malloc on a clone of the allocator, which only a simulated device allows;
+/// a real device replays the calls a simulated replay inferred.)
+pub fn replay_on<D: Device>(
+    program: &Program,
+    opts: &ReplayOptions,
+    device: D,
+    mut is_empty_cache: impl FnMut(&CachingAllocator<D>, usize) -> bool,
+) -> ReplayOutcome<D> {
     let mut alloc = CachingAllocator::new(opts.config.clone(), device);
     if opts.capacity.is_some() {
         alloc.set_allowed_memory_maximum(opts.capacity);
@@ -96,7 +115,7 @@ pub fn replay(program: &Program, opts: &ReplayOptions, empty_cache: EmptyCacheCa
     let mut flags = vec![false; program.ops.len()];
     let mut next_request = 0u32;
 
-    fn drain(alloc: &mut CachingAllocator<SimDevice>, out: &mut Vec<SegmentEvent>, request: u32) {
+    fn drain<D: Device>(alloc: &mut CachingAllocator<D>, out: &mut Vec<SegmentEvent>, request: u32) {
         for e in alloc.events.drain(..) {
             if e.kind != EventKind::Oom {
                 out.push(SegmentEvent { action: action_name(e.kind), addr: e.addr, size: e.size, stream: e.stream, request });
@@ -128,15 +147,8 @@ pub fn replay(program: &Program, opts: &ReplayOptions, empty_cache: EmptyCacheCa
                     alloc.complete_free(t);
                 }
             }
-            Op::ReleaseRun { start, end } => {
-                let is_empty_cache = match empty_cache {
-                    EmptyCacheCalls::Given(f) => f.get(oi).copied().unwrap_or(false),
-                    EmptyCacheCalls::Infer(trace) => {
-                        let recorded = &trace[start as usize..end as usize];
-                        !next_malloc_makes(&alloc, program, program.ops.get(oi + 1), recorded)
-                    }
-                };
-                if is_empty_cache {
+            Op::ReleaseRun { .. } => {
+                if is_empty_cache(&alloc, oi) {
                     flags[oi] = true;
                     alloc.empty_cache();
                     drain(&mut alloc, &mut segment_events, next_request);
