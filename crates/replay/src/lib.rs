@@ -8,5 +8,5 @@ pub mod validate;
 
 pub use program::{Op, Program, Request};
 pub use replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, plausible_placements, recorded_placement, replay, replay_on};
-pub use run::{ReplaySpec, Replayed, RunError, recorded_config, run};
+pub use run::{Prepared, ReplaySpec, Replayed, RunError, recorded_config, run};
 pub use validate::{Validation, validate};

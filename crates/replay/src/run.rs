@@ -6,7 +6,8 @@
 
 use allocsim_model::constants::H200_TOTAL_MEMORY;
 use allocsim_model::AllocatorConfig;
-use allocsim_trace::{Snapshot, SnapshotSegment, TraceEntry};
+use allocsim_model::Placement;
+use allocsim_trace::{Frame, Snapshot, SnapshotSegment, TraceEntry};
 
 use crate::program::{Op, Program};
 use crate::replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, plausible_placements, recorded_placement, replay};
@@ -116,59 +117,130 @@ fn same_settings(a: &AllocatorConfig, b: &AllocatorConfig) -> bool {
     a == b
 }
 
+/// A trace made ready for any number of replays: its program, its own settings, and the
+/// `empty_cache()` calls inferred by replaying it under them.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    pub device: usize,
+    pub trace: Vec<TraceEntry>,
+    /// The snapshot's final segments of this device.
+    pub segments: Vec<SnapshotSegment>,
+    pub program: Program,
+    /// The settings the trace was recorded under.
+    pub own: AllocatorConfig,
+    /// The allowed maximum the trace was recorded under (as the caller knows it).
+    pub trace_capacity: Option<u64>,
+    pub device_memory: u64,
+    /// One flag per op: an `empty_cache()` call.
+    pub empty_cache: Vec<bool>,
+    /// The replay under the trace's own settings, addresses and allowed maximum.
+    pub own_outcome: ReplayOutcome,
+    /// The snapshot's interned stacks (for call sites).
+    pub stacks: Vec<Vec<Frame>>,
+}
+
+impl Prepared {
+    pub fn new(snap: &Snapshot, device: Option<usize>, device_memory: u64, trace_capacity: Option<u64>) -> Result<Prepared, RunError> {
+        let device = match device {
+            Some(d) if d < snap.device_traces.len() => d,
+            Some(d) => return Err(RunError::NoDevice(d, snap.device_traces.len())),
+            None => snap.device_traces.iter().position(|t| !t.is_empty()).unwrap_or(0),
+        };
+        let trace = snap.device_traces.get(device).cloned().unwrap_or_default();
+        let segments: Vec<_> = snap.segments.iter().filter(|s| s.device == device as i64).cloned().collect();
+        let own = recorded_config(snap)?;
+        let program = Program::build(&trace, &segments);
+        let opts = ReplayOptions {
+            config: own.clone(),
+            capacity: trace_capacity,
+            device_memory,
+            placement: recorded_placement(&trace, device_memory),
+        };
+        let own_outcome = replay(&program, &opts, EmptyCacheCalls::Infer(&trace));
+        Ok(Prepared {
+            device,
+            empty_cache: own_outcome.empty_cache.clone(),
+            trace,
+            segments,
+            program,
+            own,
+            trace_capacity,
+            device_memory,
+            own_outcome,
+            stacks: snap.stacks.clone(),
+        })
+    }
+
+    /// The trace's own segment addresses.
+    pub fn recorded_placement(&self) -> Placement {
+        recorded_placement(&self.trace, self.device_memory)
+    }
+
+    /// Replays under `config` and `capacity` on a simulated device with `placement`.
+    pub fn replay(&self, config: &AllocatorConfig, capacity: Option<u64>, placement: Placement) -> ReplayOutcome {
+        let opts = ReplayOptions { config: config.clone(), capacity, device_memory: self.device_memory, placement };
+        replay(&self.program, &opts, EmptyCacheCalls::Given(&self.empty_cache))
+    }
+
+    /// The `n` plausible placements `--placements n` replays under.
+    pub fn placements(&self, n: usize) -> Vec<(String, Placement)> {
+        plausible_placements(&self.trace, self.device_memory, n)
+    }
+
+    /// Whether `config` and `capacity` are the trace's own.
+    pub fn is_own(&self, config: &AllocatorConfig, capacity: Option<u64>) -> bool {
+        same_settings(config, &self.own) && capacity == self.trace_capacity
+    }
+
+    /// Where request `req` was made: the innermost frame outside PyTorch's own files, else the
+    /// innermost frame (`file:line in function`); `None` when the trace recorded no stacks.
+    pub fn call_site(&self, req: u32) -> Option<String> {
+        let r = self.program.requests.get(req as usize)?;
+        let frames = self.stacks.get(r.stack as usize)?;
+        let pick = frames
+            .iter()
+            .find(|f| !f.filename.contains("/torch/") && !f.filename.starts_with("<"))
+            .or_else(|| frames.first())?;
+        Some(format!("{}:{} in {}", pick.filename, pick.line, pick.name))
+    }
+}
+
 /// Replays one device of `snap` as `spec` asks.
 pub fn run(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Replayed, RunError> {
-    let device = match spec.device {
-        Some(d) if d < snap.device_traces.len() => d,
-        Some(d) => return Err(RunError::NoDevice(d, snap.device_traces.len())),
-        None => snap.device_traces.iter().position(|t| !t.is_empty()).unwrap_or(0),
-    };
-    let trace = snap.device_traces.get(device).cloned().unwrap_or_default();
-    let segments: Vec<_> = snap.segments.iter().filter(|s| s.device == device as i64).cloned().collect();
     let own = recorded_config(snap)?;
     let config = match &spec.config {
         Some(c) => AllocatorConfig::parse(c).map_err(|err| RunError::Config { conf: c.clone(), err })?,
         None => own.clone(),
     };
-    let program = Program::build(&trace, &segments);
+    // Where were the empty_cache() calls? Decided under the trace's own settings and addresses.
     let own_config = same_settings(&config, &own);
+    let trace_capacity = spec.trace_capacity.or(if own_config { spec.capacity } else { None });
+    let prepared = Prepared::new(snap, spec.device, spec.device_memory, trace_capacity)?;
     let placement = match spec.addresses_from {
-        Some(other) => recorded_placement(other.device_traces.get(device).map_or(&[], |v| v.as_slice()), spec.device_memory),
-        None => recorded_placement(&trace, spec.device_memory),
+        Some(other) => recorded_placement(other.device_traces.get(prepared.device).map_or(&[], |v| v.as_slice()), spec.device_memory),
+        None => prepared.recorded_placement(),
+    };
+    let own_settings = prepared.is_own(&config, spec.capacity);
+    let outcome = if own_settings && spec.addresses_from.is_none() {
+        prepared.own_outcome.clone()
+    } else {
+        prepared.replay(&config, spec.capacity, placement.clone())
     };
     let options = ReplayOptions { config, capacity: spec.capacity, device_memory: spec.device_memory, placement };
-    // Where were the empty_cache() calls? Decided under the trace's own settings and addresses.
-    let trace_capacity = spec.trace_capacity.or(if own_config { spec.capacity } else { None });
-    let own_settings = own_config && trace_capacity == spec.capacity;
-    let (outcome, flags) = if own_settings && spec.addresses_from.is_none() {
-        let o = replay(&program, &options, EmptyCacheCalls::Infer(&trace));
-        let f = o.empty_cache.clone();
-        (o, f)
-    } else {
-        let infer_opts = ReplayOptions {
-            config: own,
-            capacity: trace_capacity,
-            device_memory: spec.device_memory,
-            placement: recorded_placement(&trace, spec.device_memory),
-        };
-        let f = replay(&program, &infer_opts, EmptyCacheCalls::Infer(&trace)).empty_cache;
-        (replay(&program, &options, EmptyCacheCalls::Given(&f)), f)
-    };
     let mut placements = Vec::new();
     if let Some(n) = spec.placements {
-        let list = plausible_placements(&trace, spec.device_memory, n);
+        let list = prepared.placements(n);
         placements = std::thread::scope(|s| {
             let handles: Vec<_> = list
                 .into_iter()
                 .map(|(name, pl)| {
-                    let mut o = options.clone();
-                    o.placement = pl;
-                    let (program, flags) = (&program, &flags);
-                    s.spawn(move || (name, replay(program, &o, EmptyCacheCalls::Given(flags))))
+                    let (prepared, options) = (&prepared, &options);
+                    s.spawn(move || (name, prepared.replay(&options.config, options.capacity, pl)))
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().expect("placement replay panicked")).collect()
         });
     }
+    let Prepared { device, program, trace, segments, .. } = prepared;
     Ok(Replayed { device, program, options, outcome, placements, trace, segments, own_settings })
 }
