@@ -70,6 +70,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Replay under every config of a grid and rank them: which setting saves this job?
+    Sweep(crate::whatif_cmds::SweepArgs),
+    /// The smallest allowed maximum (to the 2 MiB) at which the trace runs without OOM.
+    Fit(crate::whatif_cmds::FitArgs),
+    /// Two runs of the same requests side by side: where reserved memory diverges, and why.
+    Compare(crate::whatif_cmds::CompareArgs),
     /// Convert a snapshot to allocsim's JSON Lines trace format (`-o trace.jsonl`).
     Convert {
         input: PathBuf,
@@ -79,7 +85,7 @@ enum Command {
 }
 
 /// An error for the user: one line, exit status 2.
-struct UserError(String);
+pub(crate) struct UserError(pub(crate) String);
 
 impl<E: std::fmt::Display> From<E> for UserError {
     fn from(e: E) -> Self {
@@ -93,6 +99,9 @@ pub fn main() -> i32 {
         Command::Replay { args, json } => cmd_replay(&args, json),
         Command::Validate { trace, capacity, device_memory, json } => cmd_validate(&trace, capacity, device_memory, json),
         Command::Convert { input, output } => cmd_convert(&input, &output),
+        Command::Sweep(a) => crate::whatif_cmds::cmd_sweep(&a),
+        Command::Fit(a) => crate::whatif_cmds::cmd_fit(&a),
+        Command::Compare(a) => crate::whatif_cmds::cmd_compare(&a),
     };
     match r {
         Ok(code) => code,
@@ -103,7 +112,7 @@ pub fn main() -> i32 {
     }
 }
 
-fn load(path: &Path) -> Result<Snapshot, UserError> {
+pub(crate) fn load(path: &Path) -> Result<Snapshot, UserError> {
     allocsim_trace::read_trace(path).map_err(|e| UserError(format!("{}: {e}", path.display())))
 }
 

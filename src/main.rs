@@ -2,6 +2,7 @@
 
 mod cli;
 mod size;
+mod whatif_cmds;
 
 fn main() {
     std::process::exit(cli::main());

@@ -36,6 +36,8 @@ pub struct SegmentEvent {
     pub stream: u64,
     /// The ordinal of the request during (or before) which it happened.
     pub request: u32,
+    /// In a small pool (2 MiB segments and pages).
+    pub small: bool,
 }
 
 /// A request the model could not serve.
@@ -118,7 +120,8 @@ pub fn replay_on<D: Device>(
     fn drain<D: Device>(alloc: &mut CachingAllocator<D>, out: &mut Vec<SegmentEvent>, request: u32) {
         for e in alloc.events.drain(..) {
             if e.kind != EventKind::Oom {
-                out.push(SegmentEvent { action: action_name(e.kind), addr: e.addr, size: e.size, stream: e.stream, request });
+                let small = alloc.pools[e.pool as usize].is_small;
+                out.push(SegmentEvent { action: action_name(e.kind), addr: e.addr, size: e.size, stream: e.stream, request, small });
             }
         }
     }

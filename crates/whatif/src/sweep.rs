@@ -1,0 +1,137 @@
+//! `allocsim sweep`: one trace, every config of a grid, every placement; outcomes ranked.
+
+use allocsim_replay::{Prepared, ReplayOutcome};
+use rayon::prelude::*;
+
+use crate::cost::device_call_us;
+use crate::grid::GridPoint;
+
+/// What one replay came to.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Outcome {
+    pub placement: String,
+    /// The first request that ran out of memory.
+    pub first_oom: Option<u32>,
+    pub ooms: usize,
+    pub peak_reserved: u64,
+    pub peak_allocated: u64,
+    pub num_alloc_retries: i64,
+    pub num_sync_all_streams: i64,
+    pub num_device_alloc: i64,
+    pub num_device_free: i64,
+    /// Estimated time in cudaMalloc/cudaFree/map/unmap calls (see `cost`).
+    pub device_call_us: f64,
+}
+
+impl Outcome {
+    pub fn of(placement: &str, o: &ReplayOutcome, large_page: u64) -> Outcome {
+        let s = &o.stats;
+        Outcome {
+            placement: placement.to_string(),
+            first_oom: o.first_oom(),
+            ooms: o.ooms.len(),
+            peak_reserved: s.reserved_bytes.all().peak as u64,
+            peak_allocated: s.allocated_bytes.all().peak as u64,
+            num_alloc_retries: s.num_alloc_retries,
+            num_sync_all_streams: s.num_sync_all_streams,
+            num_device_alloc: s.num_device_alloc,
+            num_device_free: s.num_device_free,
+            device_call_us: device_call_us(&o.segment_events, large_page),
+        }
+    }
+}
+
+/// One config of the grid and its outcomes across placements.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Row {
+    pub conf: String,
+    /// PyTorch would refuse this config (its message).
+    pub rejected: Option<String>,
+    /// Expandable segments: the outcome does not depend on placement (replayed once).
+    pub placement_independent: bool,
+    pub outcomes: Vec<Outcome>,
+}
+
+impl Row {
+    pub fn placements_with_oom(&self) -> usize {
+        self.outcomes.iter().filter(|o| o.first_oom.is_some()).count()
+    }
+    /// (min, max) of peak reserved across placements.
+    pub fn peak_reserved_range(&self) -> Option<(u64, u64)> {
+        let v = self.outcomes.iter().map(|o| o.peak_reserved);
+        Some((v.clone().min()?, v.max()?))
+    }
+    /// (earliest, latest) first OOM across placements; `None` inside = no OOM there.
+    pub fn first_oom_range(&self) -> (Option<u32>, Option<u32>) {
+        let key = |o: &&Outcome| o.first_oom.map_or(u64::MAX, |x| x as u64);
+        let lo = self.outcomes.iter().min_by_key(key).and_then(|o| o.first_oom);
+        let hi = self.outcomes.iter().max_by_key(key).and_then(|o| o.first_oom);
+        (lo, hi)
+    }
+    pub fn worst(&self) -> Option<&Outcome> {
+        self.outcomes.iter().max_by_key(|o| (o.first_oom.is_some(), u64::MAX - o.first_oom.unwrap_or(0) as u64, o.peak_reserved))
+    }
+    /// Sort key: fewer placements with OOM, then later first OOM, then lower worst peak reserved,
+    /// then fewer device calls.
+    fn rank_key(&self) -> (bool, usize, u64, u64, u64) {
+        let worst_first_oom = self.outcomes.iter().map(|o| o.first_oom.map_or(u32::MAX, |x| x)).min().unwrap_or(u32::MAX);
+        let peak = self.peak_reserved_range().map_or(u64::MAX, |r| r.1);
+        let calls = self.outcomes.iter().map(|o| o.device_call_us as u64).max().unwrap_or(0);
+        (self.rejected.is_some(), self.placements_with_oom(), u64::MAX - worst_first_oom as u64, peak, calls)
+    }
+}
+
+/// Replays `prepared` under every valid point of the grid and every placement, in parallel, and
+/// returns the rows ranked best first (rejected configs last). `progress` is called once per
+/// finished replay.
+pub fn sweep(
+    prepared: &Prepared,
+    points: &[GridPoint],
+    capacity: Option<u64>,
+    placements: usize,
+    progress: &(dyn Fn() + Sync),
+) -> Vec<Row> {
+    let list = prepared.placements(placements.max(1));
+    let jobs: Vec<(usize, usize)> = points
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.config.as_ref().ok().map(|c| (i, c)))
+        .flat_map(|(i, c)| {
+            let n = if c.expandable_segments { 1 } else { list.len() };
+            (0..n).map(move |j| (i, j))
+        })
+        .collect();
+    let results: Vec<(usize, Outcome)> = jobs
+        .par_iter()
+        .map(|&(i, j)| {
+            let config = points[i].config.as_ref().unwrap();
+            let (name, placement) = &list[j];
+            let o = prepared.replay(config, capacity, placement.clone());
+            progress();
+            (i, Outcome::of(name, &o, config.large_segment_size))
+        })
+        .collect();
+    let mut rows: Vec<Row> = points
+        .iter()
+        .map(|p| Row {
+            conf: p.conf.clone(),
+            rejected: p.config.as_ref().err().cloned(),
+            placement_independent: p.config.as_ref().is_ok_and(|c| c.expandable_segments),
+            outcomes: Vec::new(),
+        })
+        .collect();
+    for (i, o) in results {
+        rows[i].outcomes.push(o);
+    }
+    rows.sort_by_key(|r| r.rank_key());
+    rows
+}
+
+/// How many replays `sweep` will run (for a progress bar).
+pub fn replay_count(points: &[GridPoint], placements: usize) -> usize {
+    points
+        .iter()
+        .filter_map(|p| p.config.as_ref().ok())
+        .map(|c| if c.expandable_segments { 1 } else { placements.max(1) })
+        .sum()
+}

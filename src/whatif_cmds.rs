@@ -1,0 +1,507 @@
+//! `allocsim sweep`, `fit` and `compare`.
+
+use std::path::{Path, PathBuf};
+
+use allocsim_model::AllocatorConfig;
+use allocsim_model::constants::H200_TOTAL_MEMORY;
+use allocsim_model::format::format_size;
+use allocsim_replay::{Prepared, ReplayOutcome};
+use allocsim_trace::{Action, Snapshot};
+use allocsim_whatif::compare::{Side, compare};
+use allocsim_whatif::fit::{DEFAULT_OUTSIDE_MEMORY, fit, outside_memory_from_ooms};
+use allocsim_whatif::grid::{DEFAULT_GRID, GridPoint, parse_grid};
+use allocsim_whatif::sweep::{Row, replay_count, sweep};
+use comfy_table::{Table, presets};
+use serde_json::json;
+
+use crate::cli::{UserError, load};
+use crate::size::parse_size;
+
+/// Where the trace came from and how it was recorded.
+#[derive(clap::Args, Clone)]
+pub struct TraceArgs {
+    /// A snapshot (.pickle, .pickle.gz) or an allocsim .jsonl trace.
+    pub trace: PathBuf,
+    /// The device's total memory.
+    #[arg(long, value_parser = parse_size, default_value_t = H200_TOTAL_MEMORY)]
+    pub device_memory: u64,
+    /// The allowed maximum the trace was recorded under, if any (tells its `empty_cache()` calls
+    /// from the releases its own OOM retries made).
+    #[arg(long, value_parser = parse_size)]
+    pub trace_capacity: Option<u64>,
+    /// Which device's trace (default: the first with entries).
+    #[arg(long)]
+    pub device: Option<usize>,
+}
+
+impl TraceArgs {
+    fn prepare(&self) -> Result<(Snapshot, Prepared), UserError> {
+        let snap = load(&self.trace)?;
+        let p = Prepared::new(&snap, self.device, self.device_memory, self.trace_capacity)?;
+        Ok((snap, p))
+    }
+}
+
+#[derive(clap::Args)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// The allowed maximum to sweep under (e.g. `24GiB`); default: the whole device.
+    #[arg(long, value_parser = parse_size)]
+    pub capacity: Option<u64>,
+    /// `key=v1,v2; key2=...` (`none` leaves a key out). Default: a grid over expandable_segments,
+    /// max_split_size_mb, roundup_power2_divisions and garbage_collection_threshold.
+    #[arg(long)]
+    pub grid: Option<String>,
+    /// Settings put before every grid point (e.g. `large_segment_size_mb:64`).
+    #[arg(long, default_value = "")]
+    pub base: String,
+    /// Segment placements per config (expandable-segment configs need one).
+    #[arg(long, default_value_t = 4)]
+    pub placements: usize,
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    #[arg(long)]
+    pub csv: bool,
+    /// How many rows to print (text output).
+    #[arg(long, default_value_t = 15)]
+    pub top: usize,
+}
+
+fn progress_bar(n: usize, quiet: bool) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(n as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} replaying {pos}/{len} [{bar:30}] {elapsed}").unwrap().progress_chars("=> "),
+    );
+    pb
+}
+
+fn oom_cell(p: &Prepared, row: &Row) -> String {
+    let n = row.outcomes.len();
+    let k = row.placements_with_oom();
+    if k == 0 {
+        return "no".into();
+    }
+    let (lo, _) = row.first_oom_range();
+    let lo = lo.unwrap_or(0);
+    let req = &p.program.requests[lo as usize];
+    let mut s = format!("request {lo} ({})", format_size(req.size));
+    if let Some(site) = p.call_site(lo) {
+        s.push_str(&format!("\n  at {site}"));
+    }
+    if n > 1 {
+        s = format!("{k}/{n} placements; first at {s}");
+    }
+    s
+}
+
+fn range(r: Option<(u64, u64)>) -> String {
+    match r {
+        Some((lo, hi)) if lo == hi => format_size(lo),
+        Some((lo, hi)) => format!("{}–{}", format_size(lo), format_size(hi)),
+        None => "-".into(),
+    }
+}
+
+pub fn cmd_sweep(a: &SweepArgs) -> Result<i32, UserError> {
+    let (_, p) = a.trace.prepare()?;
+    let grid = a.grid.as_deref().unwrap_or(DEFAULT_GRID);
+    let points: Vec<GridPoint> = parse_grid(grid, &a.base).map_err(UserError)?;
+    let pb = progress_bar(replay_count(&points, a.placements), a.json || a.csv);
+    let t0 = std::time::Instant::now();
+    let rows = sweep(&p, &points, a.capacity, a.placements, &|| pb.inc(1));
+    pb.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    if a.json {
+        let out = json!({
+            "trace": a.trace.trace.display().to_string(),
+            "capacity": a.capacity,
+            "grid": grid,
+            "placements": a.placements,
+            "seconds": secs,
+            "rows": rows,
+        });
+        println!("{}", serde_json::to_string(&out).expect("JSON"));
+        return Ok(0);
+    }
+    if a.csv {
+        println!("rank,config,rejected,placements,placements_with_oom,first_oom_min,first_oom_max,peak_reserved_min,peak_reserved_max,peak_allocated,retries,syncs,device_alloc,device_free,device_call_ms");
+        for (i, r) in rows.iter().enumerate() {
+            let w = r.worst();
+            let (lo, hi) = r.first_oom_range();
+            let (pl, ph) = r.peak_reserved_range().unwrap_or((0, 0));
+            println!(
+                "{},\"{}\",\"{}\",{},{},{},{},{},{},{},{},{},{},{},{:.3}",
+                i + 1,
+                r.conf,
+                r.rejected.clone().unwrap_or_default().replace('"', "'"),
+                r.outcomes.len(),
+                r.placements_with_oom(),
+                lo.map_or(String::new(), |x| x.to_string()),
+                hi.map_or(String::new(), |x| x.to_string()),
+                pl,
+                ph,
+                w.map_or(0, |w| w.peak_allocated),
+                w.map_or(0, |w| w.num_alloc_retries),
+                w.map_or(0, |w| w.num_sync_all_streams),
+                w.map_or(0, |w| w.num_device_alloc),
+                w.map_or(0, |w| w.num_device_free),
+                w.map_or(0.0, |w| w.device_call_us / 1000.0)
+            );
+        }
+        return Ok(0);
+    }
+    let valid = rows.iter().filter(|r| r.rejected.is_none()).count();
+    println!(
+        "{}: {} requests, {} configs ({} placements each, expandable segments once), {} under {}; {:.1} s",
+        a.trace.trace.display(),
+        p.program.requests.len(),
+        valid,
+        a.placements,
+        replay_count(&points, a.placements),
+        a.capacity.map_or("no cap".to_string(), |c| format!("a {} cap", format_size(c))),
+        secs
+    );
+    let mut t = Table::new();
+    t.load_style(presets::UTF8_FULL_CONDENSED);
+    t.set_header(["#", "config", "OOM", "peak reserved", "reserved − allocated", "retries", "syncs", "cudaMalloc/free (map/unmap)", "device time"]);
+    for (i, r) in rows.iter().filter(|r| r.rejected.is_none()).take(a.top).enumerate() {
+        let w = r.worst().unwrap();
+        t.add_row([
+            (i + 1).to_string(),
+            if r.conf.is_empty() { "(defaults)".into() } else { r.conf.replace(',', ", ") },
+            oom_cell(&p, r),
+            range(r.peak_reserved_range()),
+            format_size(w.peak_reserved.saturating_sub(w.peak_allocated)),
+            w.num_alloc_retries.to_string(),
+            w.num_sync_all_streams.to_string(),
+            format!("{} / {}", w.num_device_alloc, w.num_device_free),
+            format!("{:.1} ms", w.device_call_us / 1000.0),
+        ]);
+    }
+    println!("{t}");
+    for r in rows.iter().filter(|r| r.rejected.is_some()) {
+        println!("rejected by PyTorch: {} — {}", r.conf, r.rejected.as_ref().unwrap());
+    }
+    if a.capacity.is_none() && points.iter().any(|p| p.config.as_ref().is_ok_and(|c| c.gc_enabled())) {
+        println!("note: garbage_collection_threshold has no effect without a memory fraction (give --capacity)");
+    }
+    // Rankings that placement can flip: two configs whose outcome ranges overlap.
+    let shown: Vec<&Row> = rows.iter().filter(|r| r.rejected.is_none()).take(a.top).collect();
+    if shown.len() >= 2 {
+        let (x, y) = (shown[0], shown[1]);
+        let (xr, yr) = (x.peak_reserved_range(), y.peak_reserved_range());
+        let overlap = matches!((xr, yr), (Some((a0, a1)), Some((b0, b1))) if a0 <= b1 && b0 <= a1);
+        if overlap && x.placements_with_oom() == y.placements_with_oom() && x.outcomes.len() + y.outcomes.len() > 2 {
+            println!("note: #1 and #2 could swap places: their peak-reserved ranges across placements overlap");
+        }
+    }
+    if let Some(best) = shown.first() {
+        let own = rows.iter().find(|r| r.rejected.is_none() && p.is_own(&AllocatorConfig::parse(&r.conf).unwrap(), p.trace_capacity));
+        let name = |r: &Row| if r.conf.is_empty() { "the defaults".to_string() } else { r.conf.clone() };
+        let line = match own {
+            Some(o) if std::ptr::eq(o, *best) => format!("recommendation: keep {} (the trace's own settings rank first)", name(best)),
+            Some(o) if o.placements_with_oom() > 0 && best.placements_with_oom() == 0 => format!(
+                "recommendation: {} avoids the OOM that {} runs into at request {} (peak reserved {})",
+                name(best),
+                name(o),
+                o.first_oom_range().0.unwrap_or(0),
+                range(best.peak_reserved_range())
+            ),
+            Some(o) => format!(
+                "recommendation: {} (peak reserved {} vs {} under {})",
+                name(best),
+                range(best.peak_reserved_range()),
+                range(o.peak_reserved_range()),
+                name(o)
+            ),
+            None => format!("recommendation: {} (peak reserved {})", name(best), range(best.peak_reserved_range())),
+        };
+        println!("{line}");
+    }
+    Ok(0)
+}
+
+#[derive(clap::Args)]
+pub struct FitArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// The settings to fit under (default: the trace's own).
+    #[arg(long)]
+    pub config: Option<String>,
+    /// Fit every config of a grid instead (see `sweep --grid`).
+    #[arg(long, conflicts_with = "config")]
+    pub grid: Option<String>,
+    /// Cards to check, e.g. `24GiB,40GiB,80GiB`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    pub cards: Vec<u64>,
+    /// Memory outside the allocator (CUDA context, library workspaces). Default: what the trace's
+    /// OOM entries show (`device_free`), else 518 MiB (measured on an H200 with torch 2.11).
+    #[arg(long, value_parser = parse_size)]
+    pub reserve: Option<u64>,
+    /// Also fit under N plausible placements and report the range.
+    #[arg(long, default_value_t = 1)]
+    pub placements: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn cmd_fit(a: &FitArgs) -> Result<i32, UserError> {
+    let (_, p) = a.trace.prepare()?;
+    let points: Vec<GridPoint> = match (&a.grid, &a.config) {
+        (Some(g), _) => parse_grid(g, "").map_err(UserError)?,
+        (None, Some(c)) => vec![GridPoint { conf: c.clone(), config: AllocatorConfig::parse(c).map_err(|e| e.to_string()) }],
+        (None, None) => vec![GridPoint { conf: p.own.source.clone(), config: Ok(p.own.clone()) }],
+    };
+    let (outside, outside_source) = match (a.reserve, outside_memory_from_ooms(&p)) {
+        (Some(r), _) => (r, "given with --reserve"),
+        (None, Some(r)) => (r, "from the trace's OOM entries (device_free)"),
+        (None, None) => (DEFAULT_OUTSIDE_MEMORY, "default: CUDA context measured on an H200 with torch 2.11"),
+    };
+    let placements = p.placements(a.placements.max(1));
+    let mut results = Vec::new();
+    for pt in &points {
+        let config = match &pt.config {
+            Ok(c) => c,
+            Err(e) => {
+                results.push(json!({"config": pt.conf, "rejected": e}));
+                continue;
+            }
+        };
+        let n = if config.expandable_segments { 1 } else { placements.len() };
+        let fits: Vec<_> = placements[..n].iter().map(|(name, pl)| (name.clone(), fit(&p, config, pl))).collect();
+        let caps: Vec<u64> = fits.iter().filter_map(|(_, f)| f.capacity).collect();
+        let capacity = fits[0].1.capacity;
+        let cards: Vec<_> = a
+            .cards
+            .iter()
+            .map(|&card| {
+                let usable = card.saturating_sub(outside);
+                let fits_all = caps.len() == fits.len() && caps.iter().all(|&c| c <= usable);
+                let fits_some = caps.iter().any(|&c| c <= usable);
+                json!({"card": card, "usable": usable, "fits": fits_all, "fits_in_some_placements": fits_some && !fits_all})
+            })
+            .collect();
+        results.push(json!({
+            "config": pt.conf,
+            "capacity": capacity,
+            "capacity_range": if caps.is_empty() { json!(null) } else { json!([caps.iter().min(), caps.iter().max()]) },
+            "uncapped_peak_reserved": fits[0].1.uncapped_peak_reserved,
+            "peak_allocated": fits[0].1.peak_allocated,
+            "checked_below": fits[0].1.checked_below,
+            "non_monotone": fits.iter().any(|(_, f)| f.non_monotone),
+            "placement_independent": config.expandable_segments,
+            "placements": fits.iter().map(|(name, f)| json!({"name": name, "capacity": f.capacity, "replays": f.replays})).collect::<Vec<_>>(),
+            "cards": cards,
+        }));
+    }
+    if a.json {
+        let body = if results.len() == 1 && a.grid.is_none() {
+            let mut r = results.pop().unwrap();
+            r["outside_memory"] = json!(outside);
+            r
+        } else {
+            json!({"outside_memory": outside, "configs": results})
+        };
+        println!("{}", serde_json::to_string(&body).expect("JSON"));
+        return Ok(0);
+    }
+    println!("{}: {} requests", a.trace.trace.display(), p.program.requests.len());
+    for r in &results {
+        let conf = r["config"].as_str().unwrap_or("");
+        let conf = if conf.is_empty() { "defaults" } else { conf };
+        if let Some(e) = r["rejected"].as_str() {
+            println!("  {conf}: rejected by PyTorch: {e}");
+            continue;
+        }
+        match r["capacity"].as_u64() {
+            None => println!("  {conf}: does not fit even in the whole device ({})", format_size(a.trace.device_memory)),
+            Some(c) => {
+                let rng = &r["capacity_range"];
+                let spread = match (rng[0].as_u64(), rng[1].as_u64()) {
+                    (Some(lo), Some(hi)) if lo != hi => format!(" ({}–{} across placements)", format_size(lo), format_size(hi)),
+                    _ => String::new(),
+                };
+                println!(
+                    "  {conf}: fits in an allowed maximum of {} ({c} bytes){spread}; peak allocated {}, uncapped peak reserved {}",
+                    format_size(c),
+                    format_size(r["peak_allocated"].as_u64().unwrap()),
+                    format_size(r["uncapped_peak_reserved"].as_u64().unwrap())
+                );
+                println!(
+                    "    checked: {} − 2 MiB runs out of memory, and so does every capacity down to {} ({}{})",
+                    format_size(c),
+                    format_size(c.saturating_sub(r["checked_below"].as_u64().unwrap() * (2 << 20))),
+                    if r["non_monotone"].as_bool() == Some(true) { "fitting is NOT monotone here: a smaller capacity fits below a larger one that does not" } else { "monotone near the edge" },
+                    if r["placement_independent"].as_bool() == Some(true) { "; expandable segments: placement does not matter" } else { "" }
+                );
+                for c in r["cards"].as_array().unwrap() {
+                    println!(
+                        "    {} card: {} usable after {} outside the allocator → {}",
+                        format_size(c["card"].as_u64().unwrap()),
+                        format_size(c["usable"].as_u64().unwrap()),
+                        format_size(outside),
+                        if c["fits"].as_bool() == Some(true) {
+                            "fits"
+                        } else if c["fits_in_some_placements"].as_bool() == Some(true) {
+                            "fits in some placements only"
+                        } else {
+                            "does not fit"
+                        }
+                    );
+                }
+            }
+        }
+    }
+    if !a.cards.is_empty() {
+        println!("  memory outside the allocator: {} ({outside_source})", format_size(outside));
+    }
+    Ok(0)
+}
+
+#[derive(clap::Args)]
+pub struct CompareArgs {
+    /// A snapshot.
+    pub a: PathBuf,
+    /// A second snapshot of the same requests (e.g. the same job under another config). Without
+    /// it, A is replayed under `--config` (and `--config-b`, default: its own settings).
+    pub b: Option<PathBuf>,
+    /// Settings for side A when comparing one trace under two configs.
+    #[arg(long)]
+    pub config: Option<String>,
+    /// Settings for side B (default: the trace's own).
+    #[arg(long)]
+    pub config_b: Option<String>,
+    #[arg(long, value_parser = parse_size)]
+    pub capacity: Option<u64>,
+    #[arg(long, value_parser = parse_size, default_value_t = H200_TOTAL_MEMORY)]
+    pub device_memory: u64,
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A recorded run as one side: its own segment events (a self replay reproduces them exactly).
+fn recorded_side(path: &Path, snap: &Snapshot) -> Result<Side, UserError> {
+    let p = Prepared::new(snap, None, H200_TOTAL_MEMORY, None)?;
+    let mut deltas = Vec::new();
+    let mut sites = Vec::new();
+    let mut req = 0u32;
+    let mut first_oom = None;
+    let (mut cur, mut peak) = (0i64, 0i64);
+    for e in &p.trace {
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => {
+                deltas.push((req, e.size as i64));
+                cur += e.size as i64;
+                peak = peak.max(cur);
+                sites.push((p.call_site(req).unwrap_or_else(|| "(no stack recorded for these requests)".into()), e.size));
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                deltas.push((req, -(e.size as i64)));
+                cur -= e.size as i64;
+            }
+            Action::Alloc => req += 1,
+            Action::Oom => {
+                first_oom.get_or_insert(req);
+                req += 1;
+            }
+            _ => {}
+        }
+    }
+    Ok(Side {
+        label: path.display().to_string(),
+        reserved_deltas: deltas,
+        peak_reserved: peak as u64,
+        peak_allocated: p.own_outcome.stats.allocated_bytes.all().peak as u64,
+        first_oom,
+        requests: req,
+        new_segment_sites: sites,
+    })
+}
+
+fn replayed_side(label: String, p: &Prepared, o: &ReplayOutcome) -> Side {
+    let mut deltas = Vec::new();
+    let mut sites = Vec::new();
+    for e in &o.segment_events {
+        let grow = matches!(e.action, "segment_alloc" | "segment_map");
+        deltas.push((e.request, if grow { e.size as i64 } else { -(e.size as i64) }));
+        if grow {
+            sites.push((p.call_site(e.request).unwrap_or_else(|| "(no stack recorded for these requests)".into()), e.size));
+        }
+    }
+    Side {
+        label,
+        reserved_deltas: deltas,
+        peak_reserved: o.peak_reserved,
+        peak_allocated: o.stats.allocated_bytes.all().peak as u64,
+        first_oom: o.first_oom(),
+        requests: p.program.requests.len() as u32,
+        new_segment_sites: sites,
+    }
+}
+
+pub fn cmd_compare(a: &CompareArgs) -> Result<i32, UserError> {
+    let snap_a = load(&a.a)?;
+    let (sa, sb) = match &a.b {
+        Some(b) => {
+            let snap_b = load(b)?;
+            (recorded_side(&a.a, &snap_a)?, recorded_side(b, &snap_b)?)
+        }
+        None => {
+            let p = Prepared::new(&snap_a, None, a.device_memory, None)?;
+            let cfg = |c: &Option<String>| -> Result<(String, AllocatorConfig), UserError> {
+                match c {
+                    Some(s) => Ok((s.clone(), AllocatorConfig::parse(s).map_err(|e| UserError(format!("--config {s:?}: {e}")))?)),
+                    None => Ok(("its own settings".into(), p.own.clone())),
+                }
+            };
+            let ((la, ca), (lb, cb)) = (cfg(&a.config)?, cfg(&a.config_b)?);
+            let oa = p.replay(&ca, a.capacity, p.recorded_placement());
+            let ob = p.replay(&cb, a.capacity, p.recorded_placement());
+            (replayed_side(la, &p, &oa), replayed_side(lb, &p, &ob))
+        }
+    };
+    let c = compare(&sa, &sb);
+    if a.json {
+        println!("{}", serde_json::to_string(&c).expect("JSON"));
+        return Ok(0);
+    }
+    println!("A: {}\nB: {}", c.a, c.b);
+    if c.requests.0 != c.requests.1 {
+        println!("note: A has {} requests and B {}; compared over the first {}", c.requests.0, c.requests.1, c.requests.0.min(c.requests.1));
+    }
+    let oom = |x: Option<u32>| x.map_or("none".to_string(), |r| format!("at request {r}"));
+    println!("  peak reserved   A {:>12}   B {:>12}", format_size(c.peak_reserved.0), format_size(c.peak_reserved.1));
+    println!("  peak allocated  A {:>12}   B {:>12}", format_size(c.peak_allocated.0), format_size(c.peak_allocated.1));
+    println!("  first OOM       A {:>12}   B {:>12}", oom(c.first_oom.0), oom(c.first_oom.1));
+    match c.first_divergence {
+        None => println!("  reserved memory is the same after every request"),
+        Some((r, x, y)) => {
+            println!("  reserved memory first differs after request {r}: A {} vs B {}", format_size(x), format_size(y));
+            if let Some((r, x, y)) = c.largest_gap {
+                println!("  largest difference after request {r}: A {} vs B {}", format_size(x), format_size(y));
+            }
+        }
+    }
+    let diffs: Vec<_> = c.sites.iter().filter(|s| s.a_bytes != s.b_bytes).take(a.top).collect();
+    if !diffs.is_empty() {
+        let mut t = Table::new();
+        t.load_style(presets::UTF8_FULL_CONDENSED);
+        t.set_header(["call site of requests that made new segments", "A", "B", "B − A"]);
+        for s in diffs {
+            t.add_row([
+                s.site.clone(),
+                format_size(s.a_bytes),
+                format_size(s.b_bytes),
+                format!("{}{}", if s.b_bytes >= s.a_bytes { "+" } else { "−" }, format_size(s.b_bytes.abs_diff(s.a_bytes))),
+            ]);
+        }
+        println!("{t}");
+    }
+    Ok(0)
+}
