@@ -104,11 +104,11 @@ mod tests {
     #[test]
     fn finds_first_divergence_and_attributes_sites() {
         let a = side("a", vec![(0, 20), (2, 20)], vec![("x.py:1", 20), ("y.py:2", 20)]);
-        let b = side("b", vec![(0, 20), (3, 40), (4, -40)], vec![("x.py:1", 20), ("y.py:2", 40)]);
+        let b = side("b", vec![(0, 20), (3, 60), (4, -60)], vec![("x.py:1", 20), ("y.py:2", 60)]);
         let c = compare(&a, &b);
         assert_eq!(c.first_divergence, Some((2, 40, 20)));
-        assert_eq!(c.largest_gap, Some((3, 40, 60)));
+        assert_eq!(c.largest_gap, Some((3, 40, 80)));
         assert_eq!(c.sites[0].site, "y.py:2");
-        assert_eq!((c.sites[0].a_bytes, c.sites[0].b_bytes), (20, 40));
+        assert_eq!((c.sites[0].a_bytes, c.sites[0].b_bytes), (20, 60));
     }
 }
