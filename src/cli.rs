@@ -113,7 +113,11 @@ pub fn main() -> i32 {
 }
 
 pub(crate) fn load(path: &Path) -> Result<Snapshot, UserError> {
-    allocsim_trace::read_trace(path).map_err(|e| UserError(format!("{}: {e}", path.display())))
+    allocsim_trace::read_trace(path).map_err(|e| match e {
+        // Already names the path.
+        allocsim_trace::TraceError::Io { .. } => UserError(e.to_string()),
+        _ => UserError(format!("{}: {e}", path.display())),
+    })
 }
 
 fn run_replay(args: &ReplayArgs) -> Result<Replayed, UserError> {

@@ -1,8 +1,9 @@
 //! `allocsim fit`: the smallest allowed maximum, to the 2 MiB, at which a trace runs without OOM.
 //!
-//! The search replays at a capacity and asks whether any request ran out of memory. A replay that
-//! never exceeded X bytes reserved behaves identically under any cap ≥ X, so the uncapped peak
-//! (rounded up to 2 MiB) always fits and is the upper end. Bisection below it assumes that fitting
+//! The search replays at a capacity and asks whether any request ran out of memory. The uncapped
+//! peak (rounded up to 2 MiB) is where the search starts from above; it usually fits, but the
+//! fraction check counts a request's whole segment size even where expandable segments would map
+//! less, so the upper end grows until it fits. Bisection below it assumes that fitting
 //! is monotone in the capacity, which the allocator does not guarantee (a tighter cap triggers
 //! releases that can leave less fragmentation later), so every capacity in a window below the
 //! answer is also replayed; a smaller fitting capacity found there replaces the answer and the
@@ -44,9 +45,25 @@ pub fn fit(prepared: &Prepared, config: &AllocatorConfig, placement: &Placement)
         return Fit { capacity: None, uncapped_peak_reserved: uncapped_peak, peak_allocated, checked_below: 0, non_monotone: false, replays };
     }
     let fits = |steps: u64| prepared.replay(config, Some(steps * STEP), placement.clone()).first_oom().is_none();
-    // Invariant: fits(hi), !fits(lo) (capacity 0 never fits a trace with a request).
-    let mut hi = uncapped_peak.div_ceil(STEP).max(1);
+    // The uncapped peak usually fits, but not always: the fraction check adds a request's whole
+    // segment size (alloc_size) even where expandable segments would map less. Grow until it fits.
+    // Invariant afterwards: fits(hi), !fits(lo) (capacity 0 never fits a trace with a request).
+    let max_steps = prepared.device_memory / STEP;
     let mut lo = 0u64;
+    let mut hi = uncapped_peak.div_ceil(STEP).max(1);
+    let mut grow = 1u64;
+    loop {
+        replays += 1;
+        if fits(hi) {
+            break;
+        }
+        lo = hi;
+        if hi >= max_steps {
+            return Fit { capacity: None, uncapped_peak_reserved: uncapped_peak, peak_allocated, checked_below: 0, non_monotone: false, replays };
+        }
+        hi = (hi + grow).min(max_steps);
+        grow *= 2;
+    }
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         replays += 1;
