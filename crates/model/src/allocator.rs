@@ -144,6 +144,30 @@ pub struct OutOfMemory {
     pub allocated_in_private_pools: u64,
 }
 
+/// Why `alloc_block` could not get a new segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocFailure {
+    /// `total_allocated_memory + alloc_size > allowed_memory_maximum` (checked before any CUDA call).
+    OverLimit { total_allocated: u64, alloc_size: u64, allowed: u64 },
+    /// The device itself had no room (cudaMalloc or cuMemCreate out of memory).
+    DeviceOutOfMemory { alloc_size: u64, device_free: u64 },
+}
+
+/// One step of `malloc`'s search, recorded when [`CachingAllocator::record_steps`] is on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MallocStep {
+    /// `get_free_block` found no block (`found` = None) or the block it hands out.
+    CacheLookup { found: Option<u64>, rounded: u64, stream: u64, pool: PoolIdx },
+    /// `garbage_collect_cached_blocks` released these segments.
+    GarbageCollection { segments: u32, bytes: u64 },
+    /// `alloc_block`: a new segment (or pages) of this many bytes, or why not.
+    AllocBlock { is_retry: bool, result: Result<u64, AllocFailure> },
+    /// `release_available_cached_blocks` released these oversize segments; `enough` is its result.
+    ReleaseAvailable { segments: u32, bytes: u64, enough: bool },
+    /// `release_cached_blocks`: synchronize, then release every free segment (and free pages).
+    ReleaseCached { segments: u32, bytes: u64, completed_frees: u32 },
+}
+
 /// Which pool a request is routed to (`get_pool`): the default pools or a private pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Route {
@@ -185,6 +209,9 @@ pub struct CachingAllocator<D: Device> {
     pub events: Vec<Event>,
     /// Requests currently routed to a private pool are "captures underway".
     captures_underway: u32,
+    /// Record each malloc's steps into `steps` (for explanations; off by default).
+    pub record_steps: bool,
+    pub steps: Vec<MallocStep>,
 }
 
 impl<D: Device> CachingAllocator<D> {
@@ -206,6 +233,8 @@ impl<D: Device> CachingAllocator<D> {
             next_free_token: 0,
             events: Vec::new(),
             captures_underway: 0,
+            record_steps: false,
+            steps: Vec::new(),
         };
         if let Some(f) = a.config.per_process_memory_fraction {
             a.set_memory_fraction(f);
@@ -351,14 +380,42 @@ impl<D: Device> CachingAllocator<D> {
         }
         // trigger_free_memory_callbacks() frees nothing in a model, so the second lookup never runs.
         let mut found = self.get_free_block(&mut p);
+        if self.record_steps {
+            let found_size = found.then(|| self.b(p.block).size);
+            self.steps.push(MallocStep::CacheLookup { found: found_size, rounded: size, stream, pool });
+        }
         if !found {
             if self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0 {
+                let e0 = self.events.len();
                 self.garbage_collect_cached_blocks();
+                if self.record_steps {
+                    let (segments, bytes) = self.released_since(e0);
+                    self.steps.push(MallocStep::GarbageCollection { segments, bytes });
+                }
             }
-            found = self.alloc_block(&mut p, false)
-                // try_mempool_fallback: use_on_oom pools are not modelled.
-                || (self.release_available_cached_blocks(&p) && self.alloc_block(&mut p, false))
-                || (self.captures_underway == 0 && self.release_cached_blocks() && self.alloc_block(&mut p, true));
+            // alloc_block || try_mempool_fallback (use_on_oom pools are not modelled)
+            //   || (release_available_cached_blocks && alloc_block)
+            //   || (no capture underway && release_cached_blocks && alloc_block(isRetry))
+            found = self.alloc_block(&mut p, false);
+            if !found {
+                let e0 = self.events.len();
+                let enough = self.release_available_cached_blocks(&p);
+                if self.record_steps && self.config.max_split_size != u64::MAX {
+                    let (segments, bytes) = self.released_since(e0);
+                    self.steps.push(MallocStep::ReleaseAvailable { segments, bytes, enough });
+                }
+                found = enough && self.alloc_block(&mut p, false);
+            }
+            if !found && self.captures_underway == 0 {
+                let e0 = self.events.len();
+                let pending = self.pending_frees.len() as u32;
+                self.release_cached_blocks();
+                if self.record_steps {
+                    let (segments, bytes) = self.released_since(e0);
+                    self.steps.push(MallocStep::ReleaseCached { segments, bytes, completed_frees: pending });
+                }
+                found = self.alloc_block(&mut p, true);
+            }
         }
         if capturing {
             self.captures_underway -= 1;
@@ -652,9 +709,36 @@ impl<D: Device> CachingAllocator<D> {
         }
         if let Some(allowed) = self.allowed_memory_maximum {
             if self.total_allocated_memory + size > allowed {
+                if self.record_steps {
+                    let result = Err(AllocFailure::OverLimit { total_allocated: self.total_allocated_memory, alloc_size: size, allowed });
+                    self.steps.push(MallocStep::AllocBlock { is_retry, result });
+                }
                 return false;
             }
         }
+        let ok = self.alloc_block_inner(p);
+        if self.record_steps {
+            let result = if ok {
+                Ok(size)
+            } else {
+                Err(AllocFailure::DeviceOutOfMemory { alloc_size: size, device_free: self.device.mem_get_info().0 })
+            };
+            self.steps.push(MallocStep::AllocBlock { is_retry, result });
+        }
+        ok
+    }
+
+    /// Segments and bytes released (cudaFree'd or unmapped) since event index `e0`.
+    fn released_since(&self, e0: usize) -> (u32, u64) {
+        self.events[e0..]
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::SegmentFree | EventKind::SegmentUnmap))
+            .fold((0, 0), |(n, b), e| (n + 1, b + e.size))
+    }
+
+    /// `alloc_block` past the fraction check: the expandable path or cudaMalloc.
+    fn alloc_block_inner(&mut self, p: &mut AllocParams) -> bool {
+        let size = p.alloc_size;
         if p.is_expandable_segments_active {
             match self.try_allocate_expandable_block(p.stream, p.pool, p.size) {
                 Some(b) => {
