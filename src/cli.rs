@@ -70,13 +70,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Why did this request run out of memory? The request, the allocator's steps, where the free
+    /// memory is, the blocks pinning it, and what would have worked.
+    Explain(crate::explain_cmd::ExplainArgs),
     /// Replay under every config of a grid and rank them: which setting saves this job?
     Sweep(crate::whatif_cmds::SweepArgs),
     /// The smallest allowed maximum (to the 2 MiB) at which the trace runs without OOM.
     Fit(crate::whatif_cmds::FitArgs),
     /// Two runs of the same requests side by side: where reserved memory diverges, and why.
     Compare(crate::whatif_cmds::CompareArgs),
-    /// Convert a snapshot to allocsim's JSON Lines trace format (`-o trace.jsonl`).
+    /// Convert a trace between formats: `-o trace.jsonl` (allocsim's JSON Lines) or
+    /// `-o snapshot.pickle` / `.pickle.gz` (a torch 2.11 snapshot pickle); `.gz` gzips.
     Convert {
         input: PathBuf,
         #[arg(short, long)]
@@ -99,6 +103,7 @@ pub fn main() -> i32 {
         Command::Replay { args, json } => cmd_replay(&args, json),
         Command::Validate { trace, capacity, device_memory, json } => cmd_validate(&trace, capacity, device_memory, json),
         Command::Convert { input, output } => cmd_convert(&input, &output),
+        Command::Explain(a) => crate::explain_cmd::cmd_explain(&a),
         Command::Sweep(a) => crate::whatif_cmds::cmd_sweep(&a),
         Command::Fit(a) => crate::whatif_cmds::cmd_fit(&a),
         Command::Compare(a) => crate::whatif_cmds::cmd_compare(&a),
@@ -303,12 +308,7 @@ fn cmd_validate(path: &Path, capacity: Option<u64>, device_memory: u64, as_json:
 
 fn cmd_convert(input: &Path, output: &Path) -> Result<i32, UserError> {
     let snap = load(input)?;
-    if output.extension().and_then(|e| e.to_str()) != Some("jsonl") {
-        return Err(UserError(format!("{}: only JSON Lines output (.jsonl) is supported", output.display())));
-    }
-    let f = std::fs::File::create(output).map_err(|e| UserError(format!("{}: {e}", output.display())))?;
-    let mut w = std::io::BufWriter::new(f);
-    allocsim_trace::jsonl::write(&snap, &mut w).map_err(|e| UserError(format!("{}: {e}", output.display())))?;
+    allocsim_trace::write_trace(&snap, output)?;
     let n: usize = snap.device_traces.iter().map(|t| t.len()).sum();
     eprintln!("wrote {} ({} trace entries, {} segments)", output.display(), n, snap.segments.len());
     Ok(0)

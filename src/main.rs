@@ -1,6 +1,7 @@
 //! `allocsim`: replay PyTorch CUDA caching-allocator snapshots through an exact model.
 
 mod cli;
+mod explain_cmd;
 mod size;
 mod whatif_cmds;
 

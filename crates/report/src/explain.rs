@@ -1,0 +1,351 @@
+//! `allocsim explain`: why a request ran out of memory (or what the allocator did for any request,
+//! or at the peak), with exact numbers, and which settings would have avoided it.
+
+use std::collections::HashMap;
+
+use allocsim_model::allocator::{AllocFailure, MallocStep, OutOfMemory};
+use allocsim_model::format::oom_message;
+use allocsim_model::{AllocatorConfig, Placement};
+use allocsim_replay::{EmptyCacheCalls, Op, Prepared, Program, ReplayOptions, replay};
+use allocsim_trace::Frame;
+use allocsim_whatif::fit::fit;
+use rayon::prelude::*;
+
+use crate::frag::{FreeBreakdown, breakdown};
+
+/// Which moment to explain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum At {
+    /// The first request that runs out of memory.
+    FirstOom,
+    /// Request N (0-based, as in `replay --json`), explained as the allocator served it.
+    Request(u32),
+    /// Just after the request at which reserved memory peaked.
+    Peak,
+}
+
+/// A live block and where it came from.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LiveBlock {
+    pub request: u32,
+    pub size: u64,
+    pub requested: u64,
+    pub call_site: Option<String>,
+}
+
+/// A segment whose free memory is held by live blocks.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PinnedSegment {
+    pub address: u64,
+    pub size: u64,
+    pub free: u64,
+    pub largest_free_block: u64,
+    pub stream: u64,
+    pub small: bool,
+    pub expandable: bool,
+    pub live: Vec<LiveBlock>,
+}
+
+/// Live blocks from one call site and the free memory they pin.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PinningSite {
+    pub call_site: String,
+    pub blocks: u32,
+    pub live_bytes: u64,
+    pub pinned_free: u64,
+}
+
+/// Another setting tried on the same requests.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Alternative {
+    pub conf: String,
+    pub capacity: Option<u64>,
+    pub first_oom: Option<u32>,
+    pub peak_reserved: u64,
+    /// Runs past the explained request without running out of memory there.
+    pub avoids: bool,
+    pub rejected: Option<String>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Explanation {
+    pub request: u32,
+    pub orig_size: u64,
+    pub rounded_size: u64,
+    /// The segment size a new segment for this request would have (`get_allocation_size`).
+    pub alloc_size: u64,
+    pub small: bool,
+    pub stream: u64,
+    pub frames: Vec<Frame>,
+    pub call_site: Option<String>,
+    /// The request was recorded as an OOM in the trace.
+    pub recorded_oom: bool,
+    #[serde(skip)]
+    pub oom: Option<OutOfMemory>,
+    /// PyTorch's OOM message, without NVML's per-process sentence (which a trace cannot know).
+    pub message: Option<String>,
+    #[serde(skip)]
+    pub steps: Vec<MallocStep>,
+    /// The steps in words.
+    pub step_lines: Vec<String>,
+    pub free: FreeBreakdown,
+    /// Free memory on this request's stream and pool kind (the only memory it could use), and the
+    /// largest block there.
+    pub usable_free: u64,
+    pub usable_largest_block: u64,
+    pub pinned: Vec<PinnedSegment>,
+    /// The pinning summed by the call site of the live blocks: free memory each site's blocks keep
+    /// from being released (a segment's free bytes shared evenly among its live blocks).
+    pub pinning_sites: Vec<PinningSite>,
+    pub alternatives: Vec<Alternative>,
+    /// The smallest allowed maximum (2 MiB steps) at which the whole trace runs without OOM
+    /// under the explained settings.
+    pub smallest_capacity: Option<u64>,
+}
+
+/// The settings tried by default as alternatives (on top of the explained settings).
+pub const CANDIDATES: &[&str] = &[
+    "expandable_segments:True",
+    "max_split_size_mb:64",
+    "max_split_size_mb:128",
+    "max_split_size_mb:256",
+    "max_split_size_mb:512",
+    "roundup_power2_divisions:4",
+    "garbage_collection_threshold:0.6",
+    "garbage_collection_threshold:0.8",
+    "expandable_segments:True,max_split_size_mb:128",
+];
+
+fn truncated(p: &Program, ops: usize) -> Program {
+    Program { ops: p.ops[..ops].to_vec(), ..p.clone() }
+}
+
+fn op_index_of_malloc(p: &Program, req: u32) -> Option<usize> {
+    p.ops.iter().position(|op| *op == Op::Malloc(req))
+}
+
+/// Explains request `at` of `prepared` replayed under `config` and `capacity` with `placement`.
+/// Returns `None` when there is nothing to explain (no OOM, or no such request).
+pub fn explain(
+    prepared: &Prepared,
+    config: &AllocatorConfig,
+    capacity: Option<u64>,
+    placement: &Placement,
+    at: At,
+    candidates: &[&str],
+) -> Option<Explanation> {
+    let full = prepared.replay(config, capacity, placement.clone());
+    let (req, include) = match at {
+        At::FirstOom => (full.first_oom()?, false),
+        At::Request(n) => (n, false),
+        At::Peak => {
+            // The request whose events reached the peak.
+            let (mut cur, mut best, mut at_req) = (0i64, -1i64, 0u32);
+            for e in &full.segment_events {
+                cur += if matches!(e.action, "segment_alloc" | "segment_map") { e.size as i64 } else { -(e.size as i64) };
+                if cur > best {
+                    best = cur;
+                    at_req = e.request;
+                }
+            }
+            (at_req, true)
+        }
+    };
+    let r = *prepared.program.requests.get(req as usize)?;
+    let k = op_index_of_malloc(&prepared.program, req)?;
+    let before = truncated(&prepared.program, k);
+    let opts = ReplayOptions { config: config.clone(), capacity, device_memory: prepared.device_memory, placement: placement.clone() };
+    let state = replay(&before, &opts, EmptyCacheCalls::Given(&prepared.empty_cache[..k]));
+    // Which requests are live at this point, and their blocks' addresses.
+    let mut live: HashMap<u32, u64> = HashMap::new();
+    for op in &before.ops {
+        match *op {
+            Op::Malloc(q) => {
+                if let Some(a) = state.addresses[q as usize] {
+                    live.insert(q, a);
+                }
+            }
+            Op::Free { req, .. } => {
+                live.remove(&req);
+            }
+            _ => {}
+        }
+    }
+    let mut alloc = state.allocator;
+    alloc.events.clear();
+    alloc.record_steps = true;
+    let result = alloc.malloc(r.size, r.stream, r.route);
+    let steps = std::mem::take(&mut alloc.steps);
+    alloc.record_steps = false;
+    let oom = result.as_ref().err().cloned();
+    if let Ok(b) = result {
+        if include {
+            live.insert(req, alloc.block(b).ptr);
+        }
+    }
+    let by_ptr: HashMap<u64, u32> = live.iter().map(|(&q, &a)| (a, q)).collect();
+    let free = breakdown(&alloc);
+    let rounded = config.round_size(r.size);
+    let small = rounded <= allocsim_model::constants::K_SMALL_SIZE;
+    let (usable_free, usable_largest_block) = free
+        .per_pool
+        .iter()
+        .filter(|p| p.small == small && p.stream == r.stream && (p.pool_id == (0, 0)) == matches!(r.route, allocsim_model::Route::Default))
+        .fold((0, 0), |(t, l), p| (t + p.free, l.max(p.largest_free_block)));
+    // Segments whose free memory live blocks hold, most free first.
+    let mut pinned: Vec<PinnedSegment> = alloc
+        .segments()
+        .into_iter()
+        .filter_map(|seg| {
+            let blocks: Vec<_> = seg.blocks.iter().map(|&b| alloc.block(b)).collect();
+            let free: u64 = blocks.iter().filter(|b| !b.allocated && b.event_count == 0).map(|b| b.size).sum();
+            let largest = blocks.iter().filter(|b| !b.allocated && b.event_count == 0).map(|b| b.size).max().unwrap_or(0);
+            let live: Vec<LiveBlock> = blocks
+                .iter()
+                .filter(|b| b.allocated)
+                .map(|b| {
+                    let q = by_ptr.get(&b.ptr).copied();
+                    LiveBlock {
+                        request: q.unwrap_or(u32::MAX),
+                        size: b.size,
+                        requested: b.requested_size,
+                        call_site: q.and_then(|q| prepared.call_site(q)),
+                    }
+                })
+                .collect();
+            (free > 0 && !live.is_empty()).then_some(PinnedSegment {
+                address: seg.address,
+                size: seg.total_size,
+                free,
+                largest_free_block: largest,
+                stream: seg.stream,
+                small: seg.is_small,
+                expandable: seg.is_expandable,
+                live,
+            })
+        })
+        .collect();
+    pinned.sort_by(|a, b| b.free.cmp(&a.free).then(a.address.cmp(&b.address)));
+    let mut sites: HashMap<String, PinningSite> = HashMap::new();
+    for seg in &pinned {
+        let share = seg.free / seg.live.len() as u64;
+        for b in &seg.live {
+            let name = match (&b.call_site, b.request) {
+                (Some(c), _) => c.clone(),
+                (None, u32::MAX) => "(blocks from before the trace)".to_string(),
+                (None, _) => "(no stack recorded)".to_string(),
+            };
+            let e = sites.entry(name.clone()).or_insert(PinningSite { call_site: name, blocks: 0, live_bytes: 0, pinned_free: 0 });
+            e.blocks += 1;
+            e.live_bytes += b.size;
+            e.pinned_free += share;
+        }
+    }
+    let mut pinning_sites: Vec<PinningSite> = sites.into_values().collect();
+    pinning_sites.sort_by(|a, b| b.pinned_free.cmp(&a.pinned_free).then(a.call_site.cmp(&b.call_site)));
+    let message = oom.as_ref().map(|o| {
+        let mut o = o.clone();
+        if r.recorded_oom {
+            o.device_free = r.recorded_addr;
+        }
+        oom_message(&o, prepared.device as i32, "")
+    });
+    let step_lines = describe_steps(&steps, usable_largest_block);
+    // What would have worked: the same requests under other settings.
+    let base = config.source.clone();
+    let mut alternatives: Vec<Alternative> = candidates
+        .par_iter()
+        .map(|c| {
+            let conf = if base.is_empty() { c.to_string() } else { format!("{base},{c}") };
+            match AllocatorConfig::parse(&conf) {
+                Err(e) => Alternative { conf: c.to_string(), capacity, first_oom: None, peak_reserved: 0, avoids: false, rejected: Some(e.to_string()) },
+                Ok(cfg) => {
+                    let o = prepared.replay(&cfg, capacity, placement.clone());
+                    Alternative {
+                        conf: c.to_string(),
+                        capacity,
+                        first_oom: o.first_oom(),
+                        peak_reserved: o.peak_reserved,
+                        avoids: o.first_oom().is_none_or(|f| f > req),
+                        rejected: None,
+                    }
+                }
+            }
+        })
+        .collect();
+    // Best first: accepted, gets past this request, runs longest without OOM, lowest peak.
+    alternatives.sort_by_key(|a| (a.rejected.is_some(), !a.avoids, std::cmp::Reverse(a.first_oom.unwrap_or(u32::MAX)), a.peak_reserved));
+    let smallest_capacity = if oom.is_some() { fit(prepared, config, placement).capacity } else { None };
+    Some(Explanation {
+        request: req,
+        orig_size: r.size,
+        rounded_size: rounded,
+        alloc_size: config.get_allocation_size(rounded),
+        small,
+        stream: r.stream,
+        frames: prepared.stacks.get(r.stack as usize).cloned().unwrap_or_default(),
+        call_site: prepared.call_site(req),
+        recorded_oom: r.recorded_oom,
+        oom,
+        message,
+        steps,
+        step_lines,
+        free,
+        usable_free,
+        usable_largest_block,
+        pinned,
+        pinning_sites,
+        alternatives,
+        smallest_capacity,
+    })
+}
+
+use allocsim_model::format::format_size as fs;
+
+/// The allocator's steps in words.
+pub fn describe_steps(steps: &[MallocStep], usable_largest: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in steps {
+        out.push(match s {
+            MallocStep::CacheLookup { found: Some(b), rounded, .. } => {
+                format!("found a cached free block of {} for the {} request", fs(*b), fs(*rounded))
+            }
+            MallocStep::CacheLookup { found: None, rounded, stream, .. } => format!(
+                "no cached free block of ≥ {} on stream {stream} in this pool (the largest there is {})",
+                fs(*rounded),
+                fs(usable_largest)
+            ),
+            MallocStep::GarbageCollection { segments, bytes } => {
+                format!("garbage collection released {segments} old cached segments ({})", fs(*bytes))
+            }
+            MallocStep::AllocBlock { is_retry, result } => {
+                let what = if *is_retry { "retried a new segment" } else { "asked for a new segment" };
+                match result {
+                    Ok(n) => format!("{what} of {}: got it", fs(*n)),
+                    Err(AllocFailure::OverLimit { total_allocated, alloc_size, allowed }) => format!(
+                        "{what} of {}: {} reserved + {} is over the {} allowed by {}",
+                        fs(*alloc_size),
+                        fs(*total_allocated),
+                        fs(*alloc_size),
+                        fs(*allowed),
+                        fs(total_allocated + alloc_size - allowed)
+                    ),
+                    Err(AllocFailure::DeviceOutOfMemory { alloc_size, device_free }) => {
+                        format!("{what} of {}: the device had only {} free", fs(*alloc_size), fs(*device_free))
+                    }
+                }
+            }
+            MallocStep::ReleaseAvailable { segments, bytes, enough } => format!(
+                "released {segments} cached oversize segments ({}){}",
+                fs(*bytes),
+                if *enough { "" } else { ": not enough" }
+            ),
+            MallocStep::ReleaseCached { segments, bytes, completed_frees } => format!(
+                "synchronized{} and released {segments} completely free cached segments ({})",
+                if *completed_frees > 0 { format!(" (completing {completed_frees} pending cross-stream frees)") } else { String::new() },
+                fs(*bytes)
+            ),
+        });
+    }
+    out
+}

@@ -1,0 +1,228 @@
+//! `allocsim explain`.
+
+use std::path::PathBuf;
+
+use allocsim_model::AllocatorConfig;
+use allocsim_model::constants::H200_TOTAL_MEMORY;
+use allocsim_model::format::format_size as fs;
+use allocsim_replay::Prepared;
+use allocsim_report::explain::{At, CANDIDATES, explain};
+
+use crate::cli::{UserError, load};
+use crate::size::parse_size;
+
+#[derive(clap::Args)]
+pub struct ExplainArgs {
+    /// A snapshot (.pickle, .pickle.gz) or an allocsim .jsonl trace.
+    pub trace: PathBuf,
+    /// `oom` (the first OOM), a request number N (0-based, as in `replay --json`), or `peak`.
+    #[arg(long, default_value = "oom")]
+    pub at: String,
+    /// Settings to replay under (default: the trace's own).
+    #[arg(long)]
+    pub config: Option<String>,
+    /// The allowed maximum (e.g. `2GiB`), as `set_per_process_memory_fraction` gives it.
+    #[arg(long, value_parser = parse_size)]
+    pub capacity: Option<u64>,
+    /// The allowed maximum the trace was recorded under (default: `--capacity` when replaying
+    /// under the trace's own settings).
+    #[arg(long, value_parser = parse_size)]
+    pub trace_capacity: Option<u64>,
+    #[arg(long, value_parser = parse_size, default_value_t = H200_TOTAL_MEMORY)]
+    pub device_memory: u64,
+    /// Take new segments' addresses from this recorded run.
+    #[arg(long)]
+    pub addresses_from: Option<PathBuf>,
+    /// How many pinned segments to list.
+    #[arg(long, default_value_t = 5)]
+    pub top: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn cmd_explain(a: &ExplainArgs) -> Result<i32, UserError> {
+    let snap = load(&a.trace)?;
+    let own = allocsim_replay::recorded_config(&snap)?;
+    let config = match &a.config {
+        Some(c) => AllocatorConfig::parse(c).map_err(|e| UserError(format!("--config {c:?}: {e}")))?,
+        None => own.clone(),
+    };
+    let own_settings = {
+        let (mut x, mut y) = (config.clone(), own.clone());
+        x.source.clear();
+        y.source.clear();
+        x == y
+    };
+    let trace_capacity = a.trace_capacity.or(if own_settings { a.capacity } else { None });
+    let p = Prepared::new(&snap, None, a.device_memory, trace_capacity)?;
+    let placement = match &a.addresses_from {
+        Some(path) => {
+            let other = load(path)?;
+            allocsim_replay::recorded_placement(other.device_traces.get(p.device).map_or(&[], |v| v.as_slice()), a.device_memory)
+        }
+        None => p.recorded_placement(),
+    };
+    let at = match a.at.as_str() {
+        "oom" => At::FirstOom,
+        "peak" => At::Peak,
+        n => At::Request(n.parse().map_err(|_| UserError(format!("--at {n:?}: expected oom, peak or a request number")))?),
+    };
+    if let At::Request(n) = at {
+        if n as usize >= p.program.requests.len() {
+            return Err(UserError(format!("--at {n}: the trace has {} requests (0 to {})", p.program.requests.len(), p.program.requests.len().saturating_sub(1))));
+        }
+    }
+    let Some(x) = explain(&p, &config, a.capacity, &placement, at, CANDIDATES) else {
+        if a.json {
+            println!("{}", serde_json::json!({"explanation": null, "reason": "no OOM"}));
+        } else {
+            println!(
+                "{}: no request runs out of memory under {}{} — nothing to explain at `oom` (try --at peak or --at N)",
+                a.trace.display(),
+                if config.source.is_empty() { "the defaults" } else { &config.source },
+                a.capacity.map_or(String::new(), |c| format!(" with {} allowed", fs(c)))
+            );
+        }
+        return Ok(0);
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&x).expect("JSON"));
+        return Ok(0);
+    }
+    let pool = if x.small { "small pool" } else { "large pool" };
+    println!(
+        "Request {}: {} ({} bytes, rounded to {}) on stream {}, {pool}{}",
+        x.request,
+        fs(x.orig_size),
+        x.orig_size,
+        fs(x.rounded_size),
+        x.stream,
+        if x.recorded_oom { "; it ran out of memory in the trace too" } else { "" }
+    );
+    match &x.call_site {
+        Some(s) => println!("  from {s}"),
+        None => println!("  (the trace recorded no stack for it)"),
+    }
+    if x.frames.len() > 1 {
+        for f in x.frames.iter().take(6) {
+            println!("      {}:{} in {}", f.filename, f.line, f.name);
+        }
+    }
+    println!("  a new segment for it would be {}", fs(x.alloc_size));
+    println!();
+    println!("What the allocator did:");
+    for (i, l) in x.step_lines.iter().enumerate() {
+        println!("  {}. {l}", i + 1);
+    }
+    match &x.message {
+        Some(m) => {
+            println!("  → out of memory. PyTorch says (without NVML's per-process sentence, which a trace cannot show):");
+            println!("    {m}");
+        }
+        None => println!("  → served"),
+    }
+    println!();
+    let f = &x.free;
+    println!(
+        "Where the {} reserved but not allocated is ({} reserved, {} allocated):",
+        fs(f.unallocated()),
+        fs(f.reserved),
+        fs(f.allocated)
+    );
+    let row = |label: &str, v: u64| {
+        if v > 0 {
+            println!("  {label:<58} {:>12}", fs(v));
+        }
+    };
+    row("free, in segments that live blocks keep from being released", f.pinned_by_live_blocks);
+    row("free, in completely free segments", f.in_free_segments);
+    row("  of which in the small pool (≤ 1 MiB requests only)", if x.small { 0 } else { f.free_small_pool });
+    row("  of which in the large pool (> 1 MiB requests only)", if x.small { f.free_large_pool } else { 0 });
+    row("  of which in private pools (CUDA graphs, MemPools)", f.free_private_pools);
+    row("blocks waiting for cross-stream frees (record_stream)", f.pending_frees);
+    row("rounding inside live blocks (allocated − requested)", f.rounding_waste);
+    let other_streams: u64 = f.per_pool.iter().filter(|p| p.stream != x.stream).map(|p| p.free).sum();
+    row("  free memory cached on other streams", other_streams);
+    println!(
+        "  usable by this request (stream {}, {pool}): {} free, the largest contiguous block {} (needed {})",
+        x.stream,
+        fs(x.usable_free),
+        fs(x.usable_largest_block),
+        fs(x.rounded_size)
+    );
+    println!("  largest contiguous free block anywhere: {}; gap concentration Σgap²/(Σgap)² = {:.4}", fs(f.largest_free_block), f.gap_concentration);
+    if !x.pinning_sites.is_empty() {
+        println!();
+        println!("Live blocks that keep free memory from being released, by where they were allocated:");
+        for s in x.pinning_sites.iter().take(a.top) {
+            println!(
+                "  {:>12} free pinned by {} block{} ({}) from {}",
+                fs(s.pinned_free),
+                s.blocks,
+                if s.blocks == 1 { "" } else { "s" },
+                fs(s.live_bytes),
+                s.call_site
+            );
+        }
+    }
+    if !x.pinned.is_empty() {
+        println!();
+        println!("Segments whose free memory live blocks pin (most free first; {} such segments):", x.pinned.len());
+        for s in x.pinned.iter().take(a.top) {
+            println!(
+                "  {:#x}  {} {}segment, {} free (largest {}), held by {} live block{}:",
+                s.address,
+                fs(s.size),
+                if s.expandable { "expandable " } else { "" },
+                fs(s.free),
+                fs(s.largest_free_block),
+                s.live.len(),
+                if s.live.len() == 1 { "" } else { "s" }
+            );
+            for b in s.live.iter().take(4) {
+                let req = if b.request == u32::MAX { "a block from before the trace".to_string() } else { format!("request {}", b.request) };
+                println!("      {} ({req}){}", fs(b.size), b.call_site.as_ref().map(|c| format!(" at {c}")).unwrap_or_default());
+            }
+            if s.live.len() > 4 {
+                println!("      ... {} more", s.live.len() - 4);
+            }
+        }
+        if x.pinned.len() > a.top {
+            let rest: u64 = x.pinned.iter().skip(a.top).map(|s| s.free).sum();
+            println!("  ... {} more segments with {} free", x.pinned.len() - a.top, fs(rest));
+        }
+    }
+    if x.message.is_some() {
+        println!();
+        println!(
+            "What would have worked (the same requests{}):",
+            a.capacity.map_or(String::new(), |c| format!(", {} allowed", fs(c)))
+        );
+        for alt in &x.alternatives {
+            let verdict = match (&alt.rejected, alt.first_oom) {
+                (Some(e), _) => format!("rejected by PyTorch: {e}"),
+                (None, None) => format!("no OOM at all; peak reserved {}", fs(alt.peak_reserved)),
+                (None, Some(o)) if alt.avoids => format!("gets past request {}, but runs out of memory at request {o}", x.request),
+                (None, Some(o)) if o == x.request => "runs out of memory at the same request".to_string(),
+                (None, Some(o)) => format!("runs out of memory earlier, at request {o}"),
+            };
+            println!("  {:<48} {verdict}", alt.conf);
+        }
+        let saved: Vec<&str> = x.alternatives.iter().filter(|a| a.rejected.is_none() && a.first_oom.is_none()).map(|a| a.conf.as_str()).collect();
+        let past: Vec<&str> = x.alternatives.iter().filter(|a| a.avoids && a.first_oom.is_some()).map(|a| a.conf.as_str()).collect();
+        if !saved.is_empty() {
+            println!("  → runs without any OOM under: {}", saved.join("; "));
+        } else if !past.is_empty() {
+            println!("  → none of these runs the whole trace without OOM; these get past this request: {}", past.join("; "));
+        } else {
+            println!("  → none of these settings avoids this OOM; only more memory does:");
+        }
+        if let Some(c) = x.smallest_capacity {
+            println!("  {:<48} the smallest allowed maximum that runs the whole trace under these settings", fs(c));
+        }
+        if a.capacity.is_none() {
+            println!("  note: garbage_collection_threshold has no effect without a memory fraction");
+        }
+    }
+    Ok(0)
+}
