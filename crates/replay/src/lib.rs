@@ -7,6 +7,6 @@ pub mod run;
 pub mod validate;
 
 pub use program::{Op, Program, Request};
-pub use replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, plausible_placements, recorded_placement, replay, replay_on};
+pub use replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, plausible_placements, recorded_placement, replay, replay_observed, replay_on};
 pub use run::{Prepared, ReplaySpec, Replayed, RunError, recorded_config, run};
 pub use validate::{Validation, validate};

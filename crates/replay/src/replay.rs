@@ -99,7 +99,18 @@ pub fn replay_on<D: Device>(
     program: &Program,
     opts: &ReplayOptions,
     device: D,
+    is_empty_cache: impl FnMut(&CachingAllocator<D>, usize) -> bool,
+) -> ReplayOutcome<D> {
+    replay_observed(program, opts, device, is_empty_cache, |_, _| {})
+}
+
+/// [`replay_on`], calling `observe(allocator, op index)` after every op (for time series).
+pub fn replay_observed<D: Device>(
+    program: &Program,
+    opts: &ReplayOptions,
+    device: D,
     mut is_empty_cache: impl FnMut(&CachingAllocator<D>, usize) -> bool,
+    mut observe: impl FnMut(&CachingAllocator<D>, usize),
 ) -> ReplayOutcome<D> {
     let mut alloc = CachingAllocator::new(opts.config.clone(), device);
     if opts.capacity.is_some() {
@@ -127,6 +138,9 @@ pub fn replay_on<D: Device>(
     }
 
     for (oi, op) in program.ops.iter().enumerate() {
+        if oi > 0 {
+            observe(&alloc, oi - 1);
+        }
         match *op {
             Op::Malloc(req) => {
                 let r = &program.requests[req as usize];
@@ -158,6 +172,9 @@ pub fn replay_on<D: Device>(
                 }
             }
         }
+    }
+    if !program.ops.is_empty() {
+        observe(&alloc, program.ops.len() - 1);
     }
     let stats = alloc.stats.clone();
     ReplayOutcome {
