@@ -57,6 +57,10 @@ enum Command {
         /// Print one JSON object (stats, segment events, OOMs, placements).
         #[arg(long)]
         json: bool,
+        /// `cuda`: also drive a real GPU with the model's decisions and check every segment event
+        /// against the device's used memory (needs a build with `--features cuda`).
+        #[arg(long, value_enum, default_value_t = Backend::Sim)]
+        backend: Backend,
     },
     /// Replay a snapshot under its own settings and check every recorded segment event, OOM,
     /// allocation address and the final segments. Exit status 1 if anything differs.
@@ -73,6 +77,8 @@ enum Command {
     /// Why did this request run out of memory? The request, the allocator's steps, where the free
     /// memory is, the blocks pinning it, and what would have worked.
     Explain(crate::explain_cmd::ExplainArgs),
+    /// A self-contained HTML report: timeline, OOM markers, fragmentation, segment maps.
+    Report(crate::report_cmd::ReportArgs),
     /// Replay under every config of a grid and rank them: which setting saves this job?
     Sweep(crate::whatif_cmds::SweepArgs),
     /// The smallest allowed maximum (to the 2 MiB) at which the trace runs without OOM.
@@ -100,10 +106,12 @@ impl<E: std::fmt::Display> From<E> for UserError {
 pub fn main() -> i32 {
     let cli = Cli::parse();
     let r = match cli.command {
-        Command::Replay { args, json } => cmd_replay(&args, json),
+        Command::Replay { args, json, backend: Backend::Sim } => cmd_replay(&args, json),
+        Command::Replay { args, json, backend: Backend::Cuda } => cmd_replay_cuda(&args, json),
         Command::Validate { trace, capacity, device_memory, json } => cmd_validate(&trace, capacity, device_memory, json),
         Command::Convert { input, output } => cmd_convert(&input, &output),
         Command::Explain(a) => crate::explain_cmd::cmd_explain(&a),
+        Command::Report(a) => crate::report_cmd::cmd_report(&a),
         Command::Sweep(a) => crate::whatif_cmds::cmd_sweep(&a),
         Command::Fit(a) => crate::whatif_cmds::cmd_fit(&a),
         Command::Compare(a) => crate::whatif_cmds::cmd_compare(&a),
@@ -140,14 +148,12 @@ fn run_replay(args: &ReplayArgs) -> Result<Replayed, UserError> {
     Ok(allocsim_replay::run(&snap, &spec)?)
 }
 
-/// The OOM message as PyTorch would print it. A request that also ran out of memory in the trace
-/// shows the `device_free` the trace recorded; NVML's per-process line cannot be known and is left out.
+/// The OOM message as PyTorch would print it, with `device_free` from the trace where it recorded
+/// one (see `allocsim_replay::oom`); NVML's per-process sentence cannot be known and is left out.
 fn message(r: &Replayed, o: &Oom) -> String {
     let req = &r.program.requests[o.request as usize];
     let mut info = o.info.clone();
-    if req.recorded_oom {
-        info.device_free = req.recorded_addr;
-    }
+    info.device_free = allocsim_replay::oom::device_free_estimate(&r.trace, req, &o.info, r.own_settings, r.options.device_memory);
     oom_message(&info, r.device as i32, "")
 }
 
@@ -312,4 +318,64 @@ fn cmd_convert(input: &Path, output: &Path) -> Result<i32, UserError> {
     let n: usize = snap.device_traces.iter().map(|t| t.len()).sum();
     eprintln!("wrote {} ({} trace entries, {} segments)", output.display(), n, snap.segments.len());
     Ok(0)
+}
+
+// ----- `replay --backend cuda` (the GPU part lives in crates/cuda, behind the `cuda` feature) -----
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    /// The simulated device only.
+    Sim,
+    /// The simulated replay, then the same requests on GPU 0 (cudarc), every segment event checked.
+    Cuda,
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cmd_replay_cuda(_: &ReplayArgs, _: bool) -> Result<i32, UserError> {
+    Err(UserError("allocsim was built without the `cuda` feature; rebuild with --features cuda".into()))
+}
+
+/// Replays on the simulated device (which infers the `empty_cache()` calls), then on GPU 0 with the
+/// same calls. Exit status 1 if any segment event's measured memory differs from the model's.
+#[cfg(feature = "cuda")]
+fn cmd_replay_cuda(args: &ReplayArgs, as_json: bool) -> Result<i32, UserError> {
+    let r = run_replay(args)?;
+    let gpu = allocsim_cuda::replay_on_gpu(&r.program, &r.options, &r.outcome.empty_cache, 0)?;
+    // Real addresses differ from the simulated ones; without expandable segments best fit breaks
+    // ties by address, so the GPU replay's decisions can differ from the simulated replay's.
+    let key = |e: &allocsim_replay::replay::SegmentEvent| (e.action, e.size, e.request);
+    let sim: Vec<_> = r.outcome.segment_events.iter().map(key).collect();
+    let real: Vec<_> = gpu.model_events.iter().map(key).collect();
+    let first_difference = (sim != real).then(|| sim.iter().zip(&real).position(|(a, b)| a != b).unwrap_or(sim.len().min(real.len())));
+    if as_json {
+        let out = json!({
+            "trace": args.trace.display().to_string(),
+            "device": r.device,
+            "config": r.options.config.source,
+            "capacity": r.options.capacity,
+            "simulated": {"segment_events": sim.len(), "peak_reserved": r.outcome.peak_reserved, "first_oom": r.outcome.first_oom()},
+            "gpu": gpu,
+            "same_events_as_simulated": first_difference.is_none(),
+            "first_difference": first_difference,
+            "exact": gpu.exact(),
+        });
+        println!("{}", serde_json::to_string(&out).expect("JSON"));
+    } else {
+        println!(
+            "{} (device {}): {} requests, simulated ({} segment events, peak reserved {}), then replayed on the GPU",
+            args.trace.display(),
+            r.device,
+            r.program.requests.len(),
+            sim.len(),
+            format_size(r.outcome.peak_reserved)
+        );
+        println!("{gpu}");
+        match first_difference {
+            None => println!("  the GPU replay made the same segment events (action, size, request) as the simulated one"),
+            Some(i) => println!(
+                "  the GPU replay's segment events differ from the simulated ones from event {i} on (the driver placed segments elsewhere; best fit breaks ties by address)"
+            ),
+        }
+    }
+    Ok(if gpu.exact() { 0 } else { 1 })
 }

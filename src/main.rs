@@ -2,6 +2,7 @@
 
 mod cli;
 mod explain_cmd;
+mod report_cmd;
 mod size;
 mod whatif_cmds;
 

@@ -1,8 +1,10 @@
 //! allocsim-replay: turns trace events into allocator requests ([`program`]), replays them through
 //! the model ([`replay`]), answers one replay question end to end ([`run`]), and checks a replay
 //! against its recording ([`validate`]).
+pub mod oom;
 pub mod program;
 pub mod replay;
+pub mod restore;
 pub mod run;
 pub mod validate;
 

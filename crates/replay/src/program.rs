@@ -8,11 +8,26 @@
 //! Runs of `segment_free`/`segment_unmap` are kept as [`Op::ReleaseRun`] markers: replaying under
 //! the trace's own settings decides whether the model's own `malloc` made them or whether they
 //! were an `empty_cache()` call (which the trace does not record), see `crate::replay`.
+//!
+//! # A trace that starts mid-history
+//!
+//! When the trace begins in the middle of a run (the ring buffer of `max_entries`), the state at
+//! its first entry is reconstructed from the final segments ([`crate::restore`]) and kept in
+//! [`Program::initial`]; the replay starts from it. The blocks that were already active are
+//! numbered apart from the requests, in address order ("pre-existing block" `k` =
+//! `initial.blocks[k]`), and freed by [`Op::FreePre`] / [`Op::CompletePre`]: request ordinals stay
+//! the ordinals of the trace's `alloc`/`oom` entries. A run of releases at the very start (the tail
+//! of an `empty_cache()` or of a `malloc`'s releases whose beginning was cut off) is replayed as
+//! exactly those releases ([`Op::ForcedRelease`]).
 
 use std::collections::HashMap;
 
+use allocsim_model::AllocatorConfig;
 use allocsim_model::allocator::{MempoolId, Route};
+use allocsim_model::constants::H200_TOTAL_MEMORY;
 use allocsim_trace::{Action, SnapshotSegment, StackId, TraceEntry};
+
+use crate::restore::{InitialState, reconstruct};
 
 /// One allocation request.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -40,6 +55,19 @@ pub enum Op {
     Complete(u32),
     /// A run of `segment_free`/`segment_unmap` entries (trace indices `start..end`).
     ReleaseRun { start: u32, end: u32 },
+    /// `free` of pre-existing block `pre` (`Program::initial.blocks[pre]`).
+    FreePre { pre: u32, deferred: bool },
+    /// The cross-stream events of pre-existing block `.0`'s free completed.
+    CompletePre(u32),
+    /// A release at the very start of a truncated trace, replayed as recorded: the free segment
+    /// at `addr` (`segment_free`), or the free expandable block at `addr` unmapped (`segment_unmap`).
+    ForcedRelease { addr: u64, unmap: bool },
+}
+
+#[derive(Clone, Copy)]
+enum Live {
+    Req(u32),
+    Pre(u32),
 }
 
 /// What the trace asks of the allocator, device by device.
@@ -47,10 +75,16 @@ pub enum Op {
 pub struct Program {
     pub requests: Vec<Request>,
     pub ops: Vec<Op>,
-    /// Frees (or completions) of addresses the trace never allocated: the trace starts mid-history.
+    /// Frees (or completions) of addresses neither the trace nor the reconstructed initial state
+    /// allocated (ignored).
     pub unknown_frees: u32,
     /// Private-pool ids the requests are routed to.
     pub private_pools: Vec<MempoolId>,
+    /// The state at the trace's start when it starts mid-history (`None`: an empty allocator).
+    pub initial: Option<InitialState>,
+    /// Why the initial state could not be reconstructed (then the replay starts empty and frees of
+    /// unknown blocks are ignored).
+    pub reconstruct_error: Option<String>,
 }
 
 impl Program {
@@ -60,10 +94,31 @@ impl Program {
     /// was. Private segments freed before the snapshot cannot be recognised; their requests are
     /// replayed in the default pools.
     pub fn build(trace: &[TraceEntry], segments: &[SnapshotSegment]) -> Program {
+        Program::build_with(trace, segments, &AllocatorConfig::default(), H200_TOTAL_MEMORY)
+    }
+
+    /// [`Program::build`], reconstructing a truncated trace's initial state under the settings the
+    /// trace was recorded under (`config`: its rounding and split rules) on a device of
+    /// `device_memory` bytes (the expandable segments' reservation size).
+    pub fn build_with(trace: &[TraceEntry], segments: &[SnapshotSegment], config: &AllocatorConfig, device_memory: u64) -> Program {
         let private = PrivateRanges::new(trace, segments);
         let mut p = Program::default();
-        let mut live: HashMap<u64, u32> = HashMap::new();
-        let mut pending: HashMap<u64, u32> = HashMap::new();
+        let mut live: HashMap<u64, Live> = HashMap::new();
+        let mut pending: HashMap<u64, Live> = HashMap::new();
+        match reconstruct(trace, segments, config, device_memory) {
+            Ok(s) if s.is_empty() => {}
+            Ok(s) => {
+                for (k, b) in s.blocks.iter().enumerate() {
+                    if b.pending {
+                        pending.insert(b.addr, Live::Pre(k as u32));
+                    } else {
+                        live.insert(b.addr, Live::Pre(k as u32));
+                    }
+                }
+                p.initial = Some(s);
+            }
+            Err(e) => p.reconstruct_error = Some(e),
+        }
         let mut i = 0usize;
         while i < trace.len() {
             let e = &trace[i];
@@ -87,7 +142,7 @@ impl Program {
                     });
                     p.ops.push(Op::Malloc(req));
                     if e.action == Action::Alloc {
-                        live.insert(e.addr, req);
+                        live.insert(e.addr, Live::Req(req));
                     }
                 }
                 Action::FreeRequested => match live.remove(&e.addr) {
@@ -95,7 +150,10 @@ impl Program {
                         let immediate = trace
                             .get(i + 1)
                             .is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
-                        p.ops.push(Op::Free { req, deferred: !immediate });
+                        p.ops.push(match req {
+                            Live::Req(req) => Op::Free { req, deferred: !immediate },
+                            Live::Pre(pre) => Op::FreePre { pre, deferred: !immediate },
+                        });
                         if immediate {
                             i += 1;
                         } else {
@@ -105,9 +163,18 @@ impl Program {
                     None => p.unknown_frees += 1,
                 },
                 Action::FreeCompleted => match pending.remove(&e.addr) {
-                    Some(req) => p.ops.push(Op::Complete(req)),
+                    Some(Live::Req(req)) => p.ops.push(Op::Complete(req)),
+                    Some(Live::Pre(pre)) => p.ops.push(Op::CompletePre(pre)),
                     None => p.unknown_frees += 1,
                 },
+                Action::SegmentFree | Action::SegmentUnmap if p.initial.is_some() && p.ops.is_empty() => {
+                    // The tail of a release whose cause was cut off: replayed as recorded.
+                    while i < trace.len() && matches!(trace[i].action, Action::SegmentFree | Action::SegmentUnmap) {
+                        p.ops.push(Op::ForcedRelease { addr: trace[i].addr, unmap: trace[i].action == Action::SegmentUnmap });
+                        i += 1;
+                    }
+                    continue;
+                }
                 Action::SegmentFree | Action::SegmentUnmap => {
                     let start = i;
                     while i + 1 < trace.len() && matches!(trace[i + 1].action, Action::SegmentFree | Action::SegmentUnmap) {

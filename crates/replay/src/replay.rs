@@ -1,10 +1,11 @@
 //! Replays a [`Program`] through the allocator model and collects what happened.
 
-use allocsim_model::allocator::{BlockId, CachingAllocator, EventKind, OutOfMemory};
+use allocsim_model::allocator::{BlockId, CachingAllocator, EventKind, OutOfMemory, RestoredBlockSpec, RestoredHandle, RestoredState, Route};
 use allocsim_model::{AllocatorConfig, Device, DeviceStats, Placement, SimDevice};
 use allocsim_trace::{Action, TraceEntry};
 
 use crate::program::{Op, Program};
+use crate::restore::InitialState;
 
 /// How to replay: the allocator settings, the allowed maximum, the device and its placement.
 #[derive(Clone, Debug)]
@@ -61,6 +62,9 @@ pub struct ReplayOutcome<D: Device = SimDevice> {
     pub peak_reserved: u64,
     /// The allocator at the end of the trace.
     pub allocator: CachingAllocator<D>,
+    /// Segments of the reconstructed initial state that could not be restored (the device had no
+    /// room, or the state was inconsistent), with why. Their blocks' frees are ignored.
+    pub restore_failures: Vec<String>,
 }
 
 impl<D: Device> ReplayOutcome<D> {
@@ -127,6 +131,17 @@ pub fn replay_observed<D: Device>(
     let mut ooms = Vec::new();
     let mut flags = vec![false; program.ops.len()];
     let mut next_request = 0u32;
+    let npre = program.initial.as_ref().map_or(0, |s| s.blocks.len());
+    let mut pre_blocks: Vec<Option<BlockId>> = vec![None; npre];
+    let mut pre_tokens: Vec<Option<u64>> = vec![None; npre];
+    let mut restore_failures = Vec::new();
+    if let Some(init) = &program.initial {
+        restore_failures = restore(&mut alloc, init, &mut pre_blocks, &mut pre_tokens);
+        // Counters count from the trace's start; peaks are the window's (see `crate::restore`).
+        alloc.events.clear();
+        alloc.reset_accumulated_stats();
+        alloc.stats.reset_peak();
+    }
 
     fn drain<D: Device>(alloc: &mut CachingAllocator<D>, out: &mut Vec<SegmentEvent>, request: u32) {
         for e in alloc.events.drain(..) {
@@ -171,6 +186,24 @@ pub fn replay_observed<D: Device>(
                     drain(&mut alloc, &mut segment_events, next_request);
                 }
             }
+            Op::FreePre { pre, deferred } => {
+                if let Some(b) = pre_blocks[pre as usize].take() {
+                    pre_tokens[pre as usize] = alloc.free(b, deferred);
+                }
+            }
+            Op::CompletePre(pre) => {
+                if let Some(t) = pre_tokens[pre as usize].take() {
+                    alloc.complete_free(t);
+                }
+            }
+            Op::ForcedRelease { addr, unmap } => {
+                if unmap {
+                    alloc.unmap_free_block_at(addr);
+                } else {
+                    alloc.release_segment_at(addr);
+                }
+                drain(&mut alloc, &mut segment_events, next_request);
+            }
         }
     }
     if !program.ops.is_empty() {
@@ -185,7 +218,53 @@ pub fn replay_observed<D: Device>(
         empty_cache: flags,
         addresses,
         allocator: alloc,
+        restore_failures,
     }
+}
+
+/// Restores `init` into a fresh allocator, segment by segment in address order (the order
+/// [`recorded_placement_from`] lists them in), recording each pre-existing block's handle.
+fn restore<D: Device>(
+    alloc: &mut CachingAllocator<D>,
+    init: &InitialState,
+    pre_blocks: &mut [Option<BlockId>],
+    pre_tokens: &mut [Option<u64>],
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for s in &init.segments {
+        let route = if s.pool_id == (0, 0) { Route::Default } else { Route::Private(s.pool_id) };
+        let specs: Vec<RestoredBlockSpec> = s
+            .blocks
+            .iter()
+            .map(|&k| {
+                let b = &init.blocks[k as usize];
+                let state = if b.pending {
+                    RestoredState::PendingFree { requested_size: b.requested_size }
+                } else {
+                    RestoredState::Allocated { requested_size: b.requested_size }
+                };
+                RestoredBlockSpec { offset: b.addr - s.addr, size: b.size, state }
+            })
+            .collect();
+        let r = if s.expandable {
+            let mapped: Vec<(u64, u64)> = s.mapped.iter().map(|&(a, l)| (a - s.addr, l)).collect();
+            alloc.restore_expandable_segment(s.stream, route, s.small, &mapped, &specs)
+        } else {
+            alloc.restore_segment(s.size, s.stream, route, s.small, &specs)
+        };
+        match r {
+            Ok(r) => {
+                for (&k, h) in s.blocks.iter().zip(r.handles) {
+                    match h {
+                        RestoredHandle::Allocated(b) => pre_blocks[k as usize] = Some(b),
+                        RestoredHandle::PendingFree(t) => pre_tokens[k as usize] = Some(t),
+                    }
+                }
+            }
+            Err(e) => failures.push(format!("segment at {:#x}: {e}", s.addr)),
+        }
+    }
+    failures
 }
 
 /// Would the next op, a `malloc`, release exactly the recorded segments itself?
@@ -211,11 +290,25 @@ fn next_malloc_makes(alloc: &CachingAllocator<SimDevice>, program: &Program, nex
 /// and starts at its first `segment_map`; it is released when an unmap leaves nothing of it mapped
 /// (`release_expandable_segment`), after which a later map in its range starts a new one.
 pub fn recorded_placement(trace: &[TraceEntry], device_memory: u64) -> Placement {
+    recorded_placement_from(trace, device_memory, None)
+}
+
+/// [`recorded_placement`] of a trace that starts from `initial`: its segments and reservations
+/// come first (in the order the replay restores them), and its reservations are live from the start.
+pub fn recorded_placement_from(trace: &[TraceEntry], device_memory: u64, initial: Option<&InitialState>) -> Placement {
     let reservation = (device_memory + device_memory / 8).div_ceil(2 << 20) * (2 << 20);
     let mut segments = Vec::new();
     let mut reservations: Vec<u64> = Vec::new();
     // Live reservations: (base, mapped bytes).
     let mut live: Vec<(u64, u64)> = Vec::new();
+    if let Some(init) = initial {
+        let (segs, res) = init.placement_lists();
+        segments.extend(segs);
+        reservations.extend(&res);
+        for s in init.segments.iter().filter(|s| s.expandable) {
+            live.push((s.addr, s.size));
+        }
+    }
     for e in trace {
         match e.action {
             Action::SegmentAlloc => segments.push((e.addr, e.size)),
@@ -243,8 +336,13 @@ pub fn recorded_placement(trace: &[TraceEntry], device_memory: u64) -> Placement
 /// The placements `--placements N` tries, in order: the recorded run's addresses, ascending,
 /// descending, lowest fit, then seeded random ones.
 pub fn plausible_placements(trace: &[TraceEntry], device_memory: u64, n: usize) -> Vec<(String, Placement)> {
+    plausible_placements_from(trace, device_memory, n, None)
+}
+
+/// [`plausible_placements`] of a trace that starts from `initial`.
+pub fn plausible_placements_from(trace: &[TraceEntry], device_memory: u64, n: usize, initial: Option<&InitialState>) -> Vec<(String, Placement)> {
     let mut v = vec![
-        ("recorded".to_string(), recorded_placement(trace, device_memory)),
+        ("recorded".to_string(), recorded_placement_from(trace, device_memory, initial)),
         ("ascending".to_string(), Placement::Ascending),
         ("descending".to_string(), Placement::Descending),
         ("lowest-fit".to_string(), Placement::LowestFit),

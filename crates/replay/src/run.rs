@@ -10,7 +10,7 @@ use allocsim_model::Placement;
 use allocsim_trace::{Frame, Snapshot, SnapshotSegment, TraceEntry};
 
 use crate::program::{Op, Program};
-use crate::replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, plausible_placements, recorded_placement, replay};
+use crate::replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, plausible_placements_from, recorded_placement_from, replay};
 
 /// What to replay, and how.
 #[derive(Clone, Debug)]
@@ -149,12 +149,12 @@ impl Prepared {
         let trace = snap.device_traces.get(device).cloned().unwrap_or_default();
         let segments: Vec<_> = snap.segments.iter().filter(|s| s.device == device as i64).cloned().collect();
         let own = recorded_config(snap)?;
-        let program = Program::build(&trace, &segments);
+        let program = Program::build_with(&trace, &segments, &own, device_memory);
         let opts = ReplayOptions {
             config: own.clone(),
             capacity: trace_capacity,
             device_memory,
-            placement: recorded_placement(&trace, device_memory),
+            placement: recorded_placement_from(&trace, device_memory, program.initial.as_ref()),
         };
         let own_outcome = replay(&program, &opts, EmptyCacheCalls::Infer(&trace));
         Ok(Prepared {
@@ -173,7 +173,7 @@ impl Prepared {
 
     /// The trace's own segment addresses.
     pub fn recorded_placement(&self) -> Placement {
-        recorded_placement(&self.trace, self.device_memory)
+        recorded_placement_from(&self.trace, self.device_memory, self.program.initial.as_ref())
     }
 
     /// Replays under `config` and `capacity` on a simulated device with `placement`.
@@ -184,7 +184,7 @@ impl Prepared {
 
     /// The `n` plausible placements `--placements n` replays under.
     pub fn placements(&self, n: usize) -> Vec<(String, Placement)> {
-        plausible_placements(&self.trace, self.device_memory, n)
+        plausible_placements_from(&self.trace, self.device_memory, n, self.program.initial.as_ref())
     }
 
     /// Whether `config` and `capacity` are the trace's own.
@@ -217,7 +217,11 @@ pub fn run(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Replayed, RunError>
     let trace_capacity = spec.trace_capacity.or(if own_config { spec.capacity } else { None });
     let prepared = Prepared::new(snap, spec.device, spec.device_memory, trace_capacity)?;
     let placement = match spec.addresses_from {
-        Some(other) => recorded_placement(other.device_traces.get(prepared.device).map_or(&[], |v| v.as_slice()), spec.device_memory),
+        Some(other) => recorded_placement_from(
+            other.device_traces.get(prepared.device).map_or(&[], |v| v.as_slice()),
+            spec.device_memory,
+            prepared.program.initial.as_ref(),
+        ),
         None => prepared.recorded_placement(),
     };
     let own_settings = prepared.is_own(&config, spec.capacity);

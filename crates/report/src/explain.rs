@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use allocsim_model::allocator::{AllocFailure, MallocStep, OutOfMemory};
 use allocsim_model::format::oom_message;
-use allocsim_model::{AllocatorConfig, Placement};
+use allocsim_model::allocator::CachingAllocator;
+use allocsim_model::{AllocatorConfig, Placement, SimDevice};
 use allocsim_replay::{EmptyCacheCalls, Op, Prepared, Program, ReplayOptions, replay};
 use allocsim_trace::Frame;
 use allocsim_whatif::fit::fit;
@@ -120,7 +121,38 @@ fn truncated(p: &Program, ops: usize) -> Program {
     Program { ops: p.ops[..ops].to_vec(), ..p.clone() }
 }
 
-fn op_index_of_malloc(p: &Program, req: u32) -> Option<usize> {
+
+/// The allocator just before op `k`, and the live requests with their blocks' addresses.
+pub struct State {
+    pub allocator: CachingAllocator<SimDevice>,
+    /// request → address of its (allocated) block.
+    pub live: HashMap<u32, u64>,
+}
+
+/// Replays the first `k` ops of `prepared` under `config` and returns the allocator there.
+pub fn state_before(prepared: &Prepared, config: &AllocatorConfig, capacity: Option<u64>, placement: &Placement, k: usize) -> State {
+    let before = truncated(&prepared.program, k);
+    let opts = ReplayOptions { config: config.clone(), capacity, device_memory: prepared.device_memory, placement: placement.clone() };
+    let state = replay(&before, &opts, EmptyCacheCalls::Given(&prepared.empty_cache[..k]));
+    let mut live: HashMap<u32, u64> = HashMap::new();
+    for op in &before.ops {
+        match *op {
+            Op::Malloc(q) => {
+                if let Some(a) = state.addresses[q as usize] {
+                    live.insert(q, a);
+                }
+            }
+            Op::Free { req, .. } => {
+                live.remove(&req);
+            }
+            _ => {}
+        }
+    }
+    State { allocator: state.allocator, live }
+}
+
+/// The op index of request `req`'s malloc.
+pub fn op_index_of_malloc(p: &Program, req: u32) -> Option<usize> {
     p.ops.iter().position(|op| *op == Op::Malloc(req))
 }
 
@@ -153,25 +185,7 @@ pub fn explain(
     };
     let r = *prepared.program.requests.get(req as usize)?;
     let k = op_index_of_malloc(&prepared.program, req)?;
-    let before = truncated(&prepared.program, k);
-    let opts = ReplayOptions { config: config.clone(), capacity, device_memory: prepared.device_memory, placement: placement.clone() };
-    let state = replay(&before, &opts, EmptyCacheCalls::Given(&prepared.empty_cache[..k]));
-    // Which requests are live at this point, and their blocks' addresses.
-    let mut live: HashMap<u32, u64> = HashMap::new();
-    for op in &before.ops {
-        match *op {
-            Op::Malloc(q) => {
-                if let Some(a) = state.addresses[q as usize] {
-                    live.insert(q, a);
-                }
-            }
-            Op::Free { req, .. } => {
-                live.remove(&req);
-            }
-            _ => {}
-        }
-    }
-    let mut alloc = state.allocator;
+    let State { allocator: mut alloc, mut live } = state_before(prepared, config, capacity, placement, k);
     alloc.events.clear();
     alloc.record_steps = true;
     let result = alloc.malloc(r.size, r.stream, r.route);
@@ -243,12 +257,11 @@ pub fn explain(
     }
     let mut pinning_sites: Vec<PinningSite> = sites.into_values().collect();
     pinning_sites.sort_by(|a, b| b.pinned_free.cmp(&a.pinned_free).then(a.call_site.cmp(&b.call_site)));
+    let own = prepared.is_own(config, capacity);
     let message = oom.as_ref().map(|o| {
-        let mut o = o.clone();
-        if r.recorded_oom {
-            o.device_free = r.recorded_addr;
-        }
-        oom_message(&o, prepared.device as i32, "")
+        let mut m = o.clone();
+        m.device_free = allocsim_replay::oom::device_free_estimate(&prepared.trace, &r, o, own, prepared.device_memory);
+        oom_message(&m, prepared.device as i32, "")
     });
     let step_lines = describe_steps(&steps, usable_largest_block);
     // What would have worked: the same requests under other settings.

@@ -4,5 +4,8 @@
 //!   allocator state.
 //! * [`explain`]: an OOM (or any request, or the peak) explained: the request, the allocator's
 //!   steps, the free memory that could not serve it, the blocks pinning it, what would have worked.
+//! * [`series`], [`html`]: time series of a replay and the self-contained HTML report.
 pub mod explain;
 pub mod frag;
+pub mod html;
+pub mod series;

@@ -6,10 +6,14 @@
 //! * [`pickle`]: a small, non-executing pickle decoder for builtin types (protocols 2–5). It refuses
 //!   GLOBAL, REDUCE, BUILD and every other opcode that would construct or call an object.
 //! * [`snapshot`]: turns the decoded value of `torch.cuda.memory._snapshot()` into a [`Snapshot`].
+//! * [`pickle_write`]: a protocol-4 pickle writer for builtin types (what CPython's pickler writes).
+//! * [`snapshot`]: also [`snapshot::to_pickle`], a [`Snapshot`] back in torch 2.11's snapshot shape.
 //! * [`jsonl`]: allocsim's documented JSON Lines trace format, and conversion both ways.
+//! * [`read_trace`] / [`write_trace`]: files in any of these formats (gzip'd or not).
 
 pub mod jsonl;
 pub mod pickle;
+pub mod pickle_write;
 pub mod snapshot;
 
 use std::path::Path;
@@ -168,9 +172,22 @@ pub enum TraceError {
 }
 
 /// Reads a trace file: a snapshot pickle (plain or gzip'd, detected by magic bytes) or a JSON Lines
-/// trace (detected by a leading `{`).
+/// trace (detected by a leading `{`). A gzip'd file is decompressed as it is read.
 pub fn read_trace(path: &Path) -> Result<Snapshot, TraceError> {
-    let bytes = std::fs::read(path).map_err(|e| TraceError::Io { path: path.display().to_string(), source: e })?;
+    use std::io::Read;
+    let io = |e| TraceError::Io { path: path.display().to_string(), source: e };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0) as usize;
+    let mut head = Vec::with_capacity(2);
+    (&mut f).take(2).read_to_end(&mut head).map_err(io)?;
+    if head == [0x1f, 0x8b] {
+        let r = std::io::Read::chain(&head[..], std::io::BufReader::new(f));
+        let out = gunzip_from(r, len)?;
+        return read_trace_bytes(&out);
+    }
+    let mut bytes = Vec::with_capacity(len);
+    bytes.extend_from_slice(&head);
+    f.read_to_end(&mut bytes).map_err(io)?;
     read_trace_bytes(&bytes)
 }
 
@@ -178,7 +195,7 @@ pub fn read_trace(path: &Path) -> Result<Snapshot, TraceError> {
 pub fn read_trace_bytes(bytes: &[u8]) -> Result<Snapshot, TraceError> {
     let raw;
     let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
-        raw = gunzip(bytes)?;
+        raw = gunzip_from(bytes, bytes.len())?;
         &raw[..]
     } else {
         bytes
@@ -191,11 +208,87 @@ pub fn read_trace_bytes(bytes: &[u8]) -> Result<Snapshot, TraceError> {
     }
 }
 
-fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, TraceError> {
+fn gunzip_from(r: impl std::io::Read, compressed_len: usize) -> Result<Vec<u8>, TraceError> {
     use std::io::Read;
-    let mut out = Vec::with_capacity(bytes.len() * 8);
-    flate2::read::MultiGzDecoder::new(bytes)
+    let mut out = Vec::with_capacity(compressed_len.saturating_mul(8).min(1 << 30));
+    flate2::read::MultiGzDecoder::new(r)
         .read_to_end(&mut out)
         .map_err(|e| TraceError::Gzip(format!("{e} (after {} decompressed bytes)", out.len())))?;
     Ok(out)
+}
+
+/// A format [`write_trace`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// allocsim's JSON Lines ([`jsonl::write`]).
+    Jsonl,
+    /// A torch 2.11 snapshot pickle ([`snapshot::to_pickle`]).
+    Pickle,
+}
+
+impl OutputFormat {
+    /// The format and whether to gzip it, from a file name: `*.jsonl`, `*.pickle` / `*.pkl`, each
+    /// optionally followed by `.gz`. `None` for anything else.
+    pub fn from_path(path: &Path) -> Option<(OutputFormat, bool)> {
+        let name = path.file_name()?.to_str()?.to_ascii_lowercase();
+        let (stem, gz) = match name.strip_suffix(".gz") {
+            Some(s) => (s.to_owned(), true),
+            None => (name, false),
+        };
+        let format = if stem.ends_with(".jsonl") {
+            OutputFormat::Jsonl
+        } else if stem.ends_with(".pickle") || stem.ends_with(".pkl") {
+            OutputFormat::Pickle
+        } else {
+            return None;
+        };
+        Some((format, gz))
+    }
+}
+
+/// Writes `snap` to `out` in `format`, gzip'd when `gzip` (`out` should be buffered).
+pub fn write_trace_to(
+    snap: &Snapshot,
+    format: OutputFormat,
+    gzip: bool,
+    out: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    fn plain(
+        snap: &Snapshot,
+        format: OutputFormat,
+        out: &mut impl std::io::Write,
+    ) -> std::io::Result<()> {
+        match format {
+            OutputFormat::Jsonl => jsonl::write(snap, out),
+            OutputFormat::Pickle => out.write_all(&snapshot::to_pickle(snap)),
+        }
+    }
+    if gzip {
+        let mut gz = flate2::write::GzEncoder::new(out, flate2::Compression::default());
+        plain(snap, format, &mut gz)?;
+        gz.finish()?;
+        Ok(())
+    } else {
+        plain(snap, format, out)
+    }
+}
+
+/// Writes `snap` to the file `path` in the format its name asks for (see
+/// [`OutputFormat::from_path`]); returns that format and whether it was gzip'd.
+pub fn write_trace(snap: &Snapshot, path: &Path) -> Result<(OutputFormat, bool), TraceError> {
+    use std::io::Write;
+    let (format, gzip) = OutputFormat::from_path(path).ok_or_else(|| TraceError::Io {
+        path: path.display().to_string(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "unknown output format: name the file *.jsonl, *.pickle or *.pickle.gz \
+             (also *.jsonl.gz, *.pkl, *.pkl.gz)",
+        ),
+    })?;
+    let io = |e| TraceError::Io { path: path.display().to_string(), source: e };
+    let f = std::fs::File::create(path).map_err(io)?;
+    let mut w = std::io::BufWriter::new(f);
+    write_trace_to(snap, format, gzip, &mut w).map_err(io)?;
+    w.flush().map_err(io)?;
+    Ok((format, gzip))
 }

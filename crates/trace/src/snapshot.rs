@@ -740,3 +740,322 @@ impl<'d, 'a> Conv<'d, 'a> {
         Ok(r)
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+/// Pickles `snap` in the shape `torch.cuda.memory._snapshot()` of torch 2.11 returns and
+/// `torch.cuda.memory._dump_snapshot` writes (protocol 4, framed, builtin types only); see
+/// `allocator-spec.md` §10 for the layout. Keys and their order:
+///
+/// * top level: `segments`, `device_traces`, `allocator_settings` (omitted when
+///   [`RecordedSettings::present`] is false), `external_annotations` (always `[]`: a
+///   [`Snapshot`] does not keep annotations).
+/// * segment: `device`, `address`, `total_size`, `allocated_size`, `active_size`,
+///   `requested_size`, `stream`, `segment_type` (`'large'`/`'small'`), `segment_pool_id` (a
+///   tuple), `is_expandable`, `frames` (`[]`), `blocks`.
+/// * block: `address`, `size`, `requested_size`, `state`, `frames` (`[]` when no stack).
+/// * trace entry: `action`, `addr` (`device_free` for `oom`), `size`, `stream`, `time_us`,
+///   `compile_context` (`'N/A'`), `user_metadata` (`''`), and `frames` only when the entry has a
+///   stack.
+/// * `allocator_settings`: `PYTORCH_CUDA_ALLOC_CONF`, `max_split_size`,
+///   `garbage_collection_threshold`, `expandable_segments` (each only when recorded), then the
+///   2.11 keys a [`Snapshot`] does not keep, with torch's defaults: `pinned_num_register_threads`
+///   (1), `release_lock_on_cudamalloc`, `pinned_use_cuda_host_register`,
+///   `graph_capture_record_stream_reuse` (False), and last `roundup_power2_divisions` (a dict of
+///   decimal-string keys, in the recorded order).
+///
+/// Streams are written as signed 64-bit ints (torch's `int64_t(stream)`), addresses and sizes as
+/// unsigned. As in torch's own snapshots, each stack is one list object shared by every entry and
+/// block that uses it, equal frames are one dict object, all empty `frames` are one list, keys
+/// and other repeated strings are memoized, while each frame dict has its own name and filename
+/// strings and each entry its own `'N/A'` (so a snapshot without segment-level stacks is written
+/// back byte for byte). The opcodes used are all among those MemoryViz.js's unpickler reads.
+/// Segment-level stacks are not kept in a [`Snapshot`], so segment `frames` are always `[]`.
+///
+/// `from_pickle(&to_pickle(s)) == s` for every `s` that [`from_pickle`] or
+/// [`crate::jsonl::read`] returned.
+pub fn to_pickle(snap: &Snapshot) -> Vec<u8> {
+    use crate::pickle_write::Pickler;
+
+    let entries: usize = snap.device_traces.iter().map(Vec::len).sum();
+    let blocks: usize = snap.segments.iter().map(|s| s.blocks.len()).sum();
+    let mut p = Pickler::with_capacity(40 * entries + 60 * blocks + 4096);
+    let mut w = Writer {
+        snap,
+        stacks: vec![None; snap.stacks.len()],
+        frames: HashMap::new(),
+        empty_frames: None,
+    };
+    let keys: &[u8] = if snap.settings.present {
+        &[0, 1, 2, 3]
+    } else {
+        &[0, 1, 3]
+    };
+    p.dict(keys, |p, &k| match k {
+        0 => {
+            p.str("segments");
+            p.list(&snap.segments, |p, s| w.segment(p, s));
+        }
+        1 => {
+            p.str("device_traces");
+            p.list(&snap.device_traces, |p, t| {
+                p.list(t, |p, e| w.entry(p, e));
+            });
+        }
+        2 => {
+            p.str("allocator_settings");
+            settings(p, &snap.settings);
+        }
+        _ => {
+            p.str("external_annotations");
+            empty_list(p);
+        }
+    });
+    p.finish()
+}
+
+struct Writer<'s> {
+    snap: &'s Snapshot,
+    /// Memo id of each stack's list, once written.
+    stacks: Vec<Option<crate::pickle_write::MemoId>>,
+    frames: HashMap<&'s Frame, crate::pickle_write::MemoId>,
+    /// The one empty list every frame-less segment and block shares (as in torch's snapshots).
+    empty_frames: Option<crate::pickle_write::MemoId>,
+}
+
+fn state_str(s: BlockState) -> &'static str {
+    match s {
+        BlockState::ActiveAllocated => "active_allocated",
+        BlockState::ActivePendingFree => "active_pending_free",
+        BlockState::Inactive => "inactive",
+    }
+}
+
+fn empty_list(p: &mut crate::pickle_write::Pickler) {
+    p.list(std::iter::empty::<()>(), |_, _| {});
+}
+
+impl<'s> Writer<'s> {
+    fn segment(&mut self, p: &mut crate::pickle_write::Pickler, s: &SnapshotSegment) {
+        p.dict(0..12u8, |p, i| match i {
+            0 => {
+                p.str("device");
+                p.int(s.device);
+            }
+            1 => {
+                p.str("address");
+                p.uint(s.address);
+            }
+            2 => {
+                p.str("total_size");
+                p.uint(s.total_size);
+            }
+            3 => {
+                p.str("allocated_size");
+                p.uint(s.allocated_size);
+            }
+            4 => {
+                p.str("active_size");
+                p.uint(s.active_size);
+            }
+            5 => {
+                p.str("requested_size");
+                p.uint(s.requested_size);
+            }
+            6 => {
+                p.str("stream");
+                p.int(s.stream as i64);
+            }
+            7 => {
+                p.str("segment_type");
+                p.str(if s.is_small { "small" } else { "large" });
+            }
+            8 => {
+                p.str("segment_pool_id");
+                p.tuple([s.pool_id.0, s.pool_id.1], |p, x| p.int(x));
+            }
+            9 => {
+                p.str("is_expandable");
+                p.bool(s.is_expandable);
+            }
+            10 => {
+                p.str("frames");
+                self.stack(p, 0);
+            }
+            _ => {
+                p.str("blocks");
+                p.list(&s.blocks, |p, b| self.block(p, b));
+            }
+        });
+    }
+
+    fn block(&mut self, p: &mut crate::pickle_write::Pickler, b: &SnapshotBlock) {
+        p.dict(0..5u8, |p, i| match i {
+            0 => {
+                p.str("address");
+                p.uint(b.address);
+            }
+            1 => {
+                p.str("size");
+                p.uint(b.size);
+            }
+            2 => {
+                p.str("requested_size");
+                p.uint(b.requested_size);
+            }
+            3 => {
+                p.str("state");
+                p.str(state_str(b.state));
+            }
+            _ => {
+                p.str("frames");
+                self.stack(p, b.stack);
+            }
+        });
+    }
+
+    fn entry(&mut self, p: &mut crate::pickle_write::Pickler, e: &TraceEntry) {
+        let has_stack = !self.snap.stack(e.stack).is_empty();
+        let n = 7 + has_stack as u8;
+        p.dict(0..n, |p, i| match i {
+            0 => {
+                p.str("action");
+                p.str(e.action.as_str());
+            }
+            1 => {
+                let key = if e.action == Action::Oom {
+                    "device_free"
+                } else {
+                    "addr"
+                };
+                p.str(key);
+                p.uint(e.addr);
+            }
+            2 => {
+                p.str("size");
+                p.uint(e.size);
+            }
+            3 => {
+                p.str("stream");
+                p.int(e.stream as i64);
+            }
+            4 => {
+                p.str("time_us");
+                p.int(e.time_us);
+            }
+            5 => {
+                p.str("compile_context");
+                // torch makes a new 'N/A' string for every entry
+                p.str_new_object("N/A");
+            }
+            6 => {
+                p.str("user_metadata");
+                p.str("");
+            }
+            _ => {
+                p.str("frames");
+                self.stack(p, e.stack);
+            }
+        });
+    }
+
+    /// A stack's frames list: written once, referenced (BINGET) afterwards.
+    fn stack(&mut self, p: &mut crate::pickle_write::Pickler, id: StackId) {
+        let frames = self.snap.stack(id);
+        if frames.is_empty() {
+            match self.empty_frames {
+                Some(m) => p.get(m),
+                None => self.empty_frames = p.list(std::iter::empty::<()>(), |_, _| {}),
+            }
+            return;
+        }
+        if let Some(m) = self.stacks[id as usize] {
+            p.get(m);
+            return;
+        }
+        let memo = &mut self.frames;
+        let m = p.list(frames, |p, f| {
+            if let Some(&m) = memo.get(f) {
+                p.get(m);
+                return;
+            }
+            let m = p.dict(0..3u8, |p, i| match i {
+                0 => {
+                    p.str("name");
+                    p.str_new_object(&f.name);
+                }
+                1 => {
+                    p.str("filename");
+                    p.str_new_object(&f.filename);
+                }
+                _ => {
+                    p.str("line");
+                    p.int(f.line);
+                }
+            });
+            if let Some(m) = m {
+                memo.insert(f, m);
+            }
+        });
+        self.stacks[id as usize] = m;
+    }
+}
+
+fn settings(p: &mut crate::pickle_write::Pickler, s: &RecordedSettings) {
+    let mut keys: Vec<u8> = Vec::with_capacity(9);
+    if s.alloc_conf.is_some() {
+        keys.push(0);
+    }
+    if s.max_split_size.is_some() {
+        keys.push(1);
+    }
+    if s.garbage_collection_threshold.is_some() {
+        keys.push(2);
+    }
+    if s.expandable_segments.is_some() {
+        keys.push(3);
+    }
+    keys.extend_from_slice(&[4, 5, 6, 7, 8]);
+    p.dict(keys, |p, k| match k {
+        0 => {
+            p.str("PYTORCH_CUDA_ALLOC_CONF");
+            p.str(s.alloc_conf.as_deref().unwrap_or(""));
+        }
+        1 => {
+            p.str("max_split_size");
+            p.int(s.max_split_size.unwrap_or(-1));
+        }
+        2 => {
+            p.str("garbage_collection_threshold");
+            p.float(s.garbage_collection_threshold.unwrap_or(0.0));
+        }
+        3 => {
+            p.str("expandable_segments");
+            p.bool(s.expandable_segments.unwrap_or(false));
+        }
+        4 => {
+            p.str("pinned_num_register_threads");
+            p.int(1);
+        }
+        5 => {
+            p.str("release_lock_on_cudamalloc");
+            p.bool(false);
+        }
+        6 => {
+            p.str("pinned_use_cuda_host_register");
+            p.bool(false);
+        }
+        7 => {
+            p.str("graph_capture_record_stream_reuse");
+            p.bool(false);
+        }
+        _ => {
+            p.str("roundup_power2_divisions");
+            p.dict(&s.roundup_power2_divisions, |p, &(start, div)| {
+                p.str(&start.to_string());
+                p.uint(div);
+            });
+        }
+    });
+}

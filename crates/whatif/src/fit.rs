@@ -11,7 +11,6 @@
 
 use allocsim_model::{AllocatorConfig, Placement};
 use allocsim_replay::Prepared;
-use allocsim_trace::Action;
 use rayon::prelude::*;
 
 pub const STEP: u64 = 2 << 20;
@@ -99,26 +98,9 @@ pub fn fit(prepared: &Prepared, config: &AllocatorConfig, placement: &Placement)
     }
 }
 
-/// Memory outside the allocator (CUDA context, library workspaces), as the trace shows it: at each
-/// recorded OOM, `device_total − device_free − reserved`, with `reserved` summed from the trace's own
-/// segment events up to that entry. `None` when the trace has no OOM.
+/// Memory outside the allocator as the trace's OOM entries show it (see `allocsim_replay::oom`).
 pub fn outside_memory_from_ooms(prepared: &Prepared) -> Option<u64> {
-    let mut reserved: i64 = 0;
-    let mut worst = None;
-    for e in &prepared.trace {
-        match e.action {
-            Action::SegmentAlloc | Action::SegmentMap => reserved += e.size as i64,
-            Action::SegmentFree | Action::SegmentUnmap => reserved -= e.size as i64,
-            Action::Oom => {
-                let outside = prepared.device_memory.saturating_sub(e.addr).saturating_sub(reserved.max(0) as u64);
-                worst = Some(worst.map_or(outside, |w: u64| w.max(outside)));
-            }
-            _ => {}
-        }
-    }
-    worst
+    allocsim_replay::oom::outside_memory_from_ooms(&prepared.trace, prepared.device_memory)
 }
 
-/// CUDA context and default workspaces of a process that has run one kernel, measured on an H200
-/// with torch 2.11: 538 MiB in use with 20 MiB reserved by the allocator (probe case `oom_real`).
-pub const DEFAULT_OUTSIDE_MEMORY: u64 = 518 << 20;
+pub use allocsim_replay::oom::DEFAULT_OUTSIDE_MEMORY;

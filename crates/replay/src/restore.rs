@@ -1,0 +1,366 @@
+//! Ring-buffer truncation: the allocator's state at the start of a trace that begins mid-history.
+//!
+//! `_record_memory_history(max_entries=N)` keeps the last N entries, so a trace may start in the
+//! middle of a run: it frees blocks whose `alloc` was overwritten, releases segments whose
+//! `segment_alloc` was overwritten, and the snapshot's final `segments` hold blocks that no `alloc`
+//! of the trace made. [`reconstruct`] undoes the trace backwards from the final segments (what
+//! PyTorch's MemoryViz does) and returns the state at the trace's first entry: the segments, the
+//! expandable segments' mapped pages, and the active blocks. The replay then starts from that state
+//! (`CachingAllocator::restore_segment`), with the recorded addresses, pools, streams and
+//! expandable flags.
+//!
+//! Undoing, newest entry first: `alloc` makes its block free again; `free_requested` makes a
+//! pending block allocated; `free_completed` makes the freed range an (active, pending) block
+//! again; `segment_alloc` removes its segment, `segment_free` adds it back (free); `segment_map`
+//! unmaps its pages, `segment_unmap` maps them back. Free blocks need no tracking: free neighbours
+//! always merge, so the free blocks of a segment are exactly the gaps between its active blocks.
+//!
+//! # What the trace does not say, and the choices made
+//!
+//! * The size of a block freed in the trace but allocated before it: `free_requested` and
+//!   `free_completed` record the request's size, not the block's. The block got
+//!   `round_size(request)` bytes when the block it was cut from was split, else the whole block.
+//!   Small-pool and expandable blocks are always split unless under 512 bytes would remain, so
+//!   they have the rounded size. A large-pool block of a cudaMalloc'd segment takes the gap up to
+//!   the next active block (or the segment's end) when less than 1 MiB would remain after the
+//!   rounded size (every large-pool block is larger than 1 MiB, so that remainder cannot be a free
+//!   block), or when it is oversize (≥ `max_split_size`, never split) and the gap is within
+//!   `max_non_split_rounding`; otherwise the rounded size. [`InitialState::inferred_sizes`]
+//!   counts these blocks.
+//! * A segment released in the trace but allocated before it is in the default pools (private
+//!   pools are never released in the replay either); small if it is 2 MiB (`kSmallBuffer`).
+//! * An expandable segment's reservation base: the lowest address the trace or the final segments
+//!   show for it (a map below it would have shown up), page-aligned relative to the true base.
+//! * A `free_completed` at the very start without its `free_requested` is a block freed with
+//!   pending cross-stream events (`active_pending_free` at the start).
+
+use std::collections::BTreeMap;
+
+use allocsim_model::AllocatorConfig;
+use allocsim_model::allocator::MempoolId;
+use allocsim_model::constants::{K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE};
+use allocsim_trace::{Action, BlockState, SnapshotSegment, TraceEntry};
+
+/// An active block at the trace's start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreBlock {
+    pub addr: u64,
+    pub size: u64,
+    pub requested_size: u64,
+    /// Freed, with cross-stream events outstanding (`active_pending_free`).
+    pub pending: bool,
+    /// The size was inferred (the block was freed in the trace), see the module documentation.
+    pub size_inferred: bool,
+}
+
+/// A segment at the trace's start: a cudaMalloc'd segment, or an expandable segment's
+/// reservation with its mapped ranges.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreSegment {
+    /// The segment's address; for an expandable segment the reservation's base.
+    pub addr: u64,
+    /// The segment's size; for an expandable segment the mapped bytes.
+    pub size: u64,
+    pub stream: u64,
+    pub small: bool,
+    pub pool_id: MempoolId,
+    pub expandable: bool,
+    /// Expandable: the mapped ranges (address, bytes), sorted.
+    pub mapped: Vec<(u64, u64)>,
+    /// Indices into [`InitialState::blocks`] of the active blocks inside it, by address.
+    pub blocks: Vec<u32>,
+}
+
+/// The allocator's state at the trace's first entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InitialState {
+    /// In address order.
+    pub segments: Vec<PreSegment>,
+    /// Active blocks, in address order.
+    pub blocks: Vec<PreBlock>,
+    /// Blocks whose size was inferred (freed in the trace, allocated before it).
+    pub inferred_sizes: u32,
+}
+
+impl InitialState {
+    pub fn is_empty(&self) -> bool {
+        self.segments.is_empty()
+    }
+    /// Reserved bytes (segments plus mapped pages).
+    pub fn reserved_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.size).sum()
+    }
+    pub fn allocated_blocks(&self) -> usize {
+        self.blocks.iter().filter(|b| !b.pending).count()
+    }
+    pub fn allocated_bytes(&self) -> u64 {
+        self.blocks.iter().filter(|b| !b.pending).map(|b| b.size).sum()
+    }
+    pub fn pending_blocks(&self) -> usize {
+        self.blocks.iter().filter(|b| b.pending).count()
+    }
+    /// Segment addresses (non-expandable) and reservation bases (expandable), in restore order,
+    /// for a recorded placement.
+    pub fn placement_lists(&self) -> (Vec<(u64, u64)>, Vec<u64>) {
+        let segs = self.segments.iter().filter(|s| !s.expandable).map(|s| (s.addr, s.size)).collect();
+        let res = self.segments.iter().filter(|s| s.expandable).map(|s| s.addr).collect();
+        (segs, res)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Seg {
+    size: u64,
+    stream: u64,
+    small: bool,
+    pool_id: MempoolId,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Act {
+    size: Option<u64>,
+    requested: u64,
+    pending: bool,
+}
+
+/// Mapped pages of expandable segments: start → (end, stream).
+type Mapped = BTreeMap<u64, (u64, u64)>;
+
+fn unmap_range(m: &mut Mapped, a: u64, len: u64) -> bool {
+    let end = a.saturating_add(len);
+    let Some((&s, &(e, stream))) = m.range(..=a).next_back() else { return false };
+    if e < end {
+        return false;
+    }
+    m.remove(&s);
+    if s < a {
+        m.insert(s, (a, stream));
+    }
+    if end < e {
+        m.insert(end, (e, stream));
+    }
+    true
+}
+
+fn map_range(m: &mut Mapped, a: u64, len: u64, stream: u64) -> bool {
+    let mut start = a;
+    let mut end = a.saturating_add(len);
+    if let Some((_, &(e, _))) = m.range(..end).next_back() {
+        if e > a {
+            return false; // overlaps a mapped range
+        }
+    }
+    if let Some((&s, &(e, st))) = m.range(..=a).next_back() {
+        if e == a && st == stream {
+            m.remove(&s);
+            start = s;
+        }
+    }
+    if let Some(&(e, st)) = m.get(&end) {
+        if st == stream {
+            m.remove(&end);
+            end = e;
+        }
+    }
+    m.insert(start, (end, stream));
+    true
+}
+
+/// The state at the trace's first entry, from the final `segments` of this device undone
+/// backwards. Empty for a trace that starts with an empty allocator. An error names the first
+/// entry that contradicts the final segments (then the trace and the segments do not belong
+/// together, or entries are missing, e.g. recorded with `skip_actions`).
+pub fn reconstruct(
+    trace: &[TraceEntry],
+    segments: &[SnapshotSegment],
+    config: &AllocatorConfig,
+    device_memory: u64,
+) -> Result<InitialState, String> {
+    let mut segs: BTreeMap<u64, Seg> = BTreeMap::new();
+    let mut mapped: Mapped = BTreeMap::new();
+    let mut active: BTreeMap<u64, Act> = BTreeMap::new();
+    // Expandable ranges of the final snapshot: (address, stream, small, pool id), as hints.
+    let mut es_hints: Vec<(u64, u64, bool, MempoolId)> = Vec::new();
+    for s in segments {
+        let end = s.address.checked_add(s.total_size).ok_or("a final segment ends beyond 2^64")?;
+        if s.is_expandable {
+            if !map_range(&mut mapped, s.address, s.total_size, s.stream) {
+                return Err(format!("final expandable segment at {:#x} overlaps another", s.address));
+            }
+            es_hints.push((s.address, s.stream, s.is_small, s.pool_id));
+        } else {
+            if segs.range(..end).next_back().is_some_and(|(&a, g)| a + g.size > s.address) {
+                return Err(format!("final segment at {:#x} overlaps another", s.address));
+            }
+            segs.insert(s.address, Seg { size: s.total_size, stream: s.stream, small: s.is_small, pool_id: s.pool_id });
+        }
+        for b in &s.blocks {
+            if b.state != BlockState::Inactive {
+                let pending = b.state == BlockState::ActivePendingFree;
+                active.insert(b.address, Act { size: Some(b.size), requested: b.requested_size, pending });
+            }
+        }
+    }
+    for (i, e) in trace.iter().enumerate().rev() {
+        let at = || format!("entry {i} ({} at {:#x})", e.action.as_str(), e.addr);
+        match e.action {
+            Action::Alloc => match active.remove(&e.addr) {
+                Some(a) if !a.pending => {}
+                Some(_) => return Err(format!("{}: the block is freed later without a free_requested", at())),
+                None => return Err(format!("{}: no such block is live after it", at())),
+            },
+            Action::FreeRequested => match active.get_mut(&e.addr) {
+                Some(a) if a.pending => a.pending = false,
+                _ => return Err(format!("{}: the block is not pending after it", at())),
+            },
+            Action::FreeCompleted => {
+                if active.contains_key(&e.addr) {
+                    return Err(format!("{}: the address is in use after it", at()));
+                }
+                active.insert(e.addr, Act { size: None, requested: e.size, pending: true });
+            }
+            Action::SegmentAlloc => match segs.get(&e.addr) {
+                Some(s) if s.size == e.size => {
+                    if active.range(e.addr..e.addr.saturating_add(e.size)).next().is_some() {
+                        return Err(format!("{}: blocks of the segment are live before it", at()));
+                    }
+                    segs.remove(&e.addr);
+                }
+                _ => return Err(format!("{}: no such segment after it", at())),
+            },
+            Action::SegmentFree => {
+                let end = e.addr.checked_add(e.size).ok_or_else(|| format!("{}: segment ends beyond 2^64", at()))?;
+                if segs.range(..end).next_back().is_some_and(|(&a, g)| a + g.size > e.addr) {
+                    return Err(format!("{}: the range is in use after it", at()));
+                }
+                let small = e.size == K_SMALL_BUFFER;
+                segs.insert(e.addr, Seg { size: e.size, stream: e.stream, small, pool_id: (0, 0) });
+            }
+            Action::SegmentMap => {
+                if !unmap_range(&mut mapped, e.addr, e.size) {
+                    return Err(format!("{}: those pages are not mapped after it", at()));
+                }
+                if active.range(e.addr..e.addr.saturating_add(e.size)).next().is_some() {
+                    return Err(format!("{}: blocks in those pages are live before it", at()));
+                }
+            }
+            Action::SegmentUnmap => {
+                if !map_range(&mut mapped, e.addr, e.size, e.stream) {
+                    return Err(format!("{}: those pages are mapped after it", at()));
+                }
+            }
+            Action::Oom | Action::Snapshot | Action::Annotate => {}
+        }
+    }
+    let mut out = InitialState::default();
+    if segs.is_empty() && mapped.is_empty() {
+        if let Some((a, _)) = active.iter().next() {
+            return Err(format!("a block at {a:#x} is live at the start outside every segment"));
+        }
+        return Ok(out);
+    }
+
+    // Expandable segments: group mapped ranges into reservations (per stream, within one
+    // reservation's span of each other), then find each one's pool and base.
+    let span = (device_memory + device_memory / 8).div_ceil(K_SMALL_BUFFER) * K_SMALL_BUFFER;
+    let mut groups: Vec<(u64, Vec<(u64, u64)>)> = Vec::new(); // (stream, ranges)
+    for (&s, &(e, stream)) in &mapped {
+        match groups.iter_mut().rev().find(|(st, r)| *st == stream && s < r[0].0.saturating_add(span)) {
+            Some((_, r)) => r.push((s, e - s)),
+            None => groups.push((stream, vec![(s, e - s)])),
+        }
+    }
+    let mut pre: Vec<PreSegment> = Vec::new();
+    for (stream, ranges) in groups {
+        let lo = ranges[0].0;
+        let hi = ranges.last().map(|&(s, l)| s + l).unwrap_or(lo);
+        let near = |a: u64| a.saturating_add(span) > hi && a < lo.saturating_add(span);
+        let hint = es_hints.iter().find(|h| h.1 == stream && near(h.0));
+        let (small, pool_id) = match hint {
+            Some(h) => (h.2, h.3),
+            None => {
+                // No final segment of it: small if a request served inside it was small.
+                let small = trace.iter().any(|e| {
+                    e.action == Action::Alloc && e.stream == stream && e.addr >= lo && e.addr < hi && config.round_size(e.size) <= K_SMALL_SIZE
+                });
+                (small, (0, 0))
+            }
+        };
+        let page = if small { K_SMALL_BUFFER } else { config.large_segment_size };
+        let mut base = lo;
+        for e in trace {
+            if matches!(e.action, Action::SegmentMap | Action::SegmentUnmap)
+                && e.stream == stream
+                && e.addr < base
+                && near(e.addr)
+                && (lo - e.addr) % page == 0
+            {
+                base = e.addr;
+            }
+        }
+        let size = ranges.iter().map(|r| r.1).sum();
+        pre.push(PreSegment { addr: base, size, stream, small, pool_id, expandable: true, mapped: ranges, blocks: Vec::new() });
+    }
+    for (&addr, s) in &segs {
+        pre.push(PreSegment {
+            addr,
+            size: s.size,
+            stream: s.stream,
+            small: s.small,
+            pool_id: s.pool_id,
+            expandable: false,
+            mapped: Vec::new(),
+            blocks: Vec::new(),
+        });
+    }
+    pre.sort_by_key(|s| s.addr);
+
+    // Place every active block in its segment (or mapped range) and settle unknown sizes.
+    let container = |a: u64| -> Option<(usize, u64)> {
+        pre.iter().enumerate().find_map(|(i, s)| {
+            if s.expandable {
+                s.mapped.iter().find(|&&(m, l)| a >= m && a < m + l).map(|&(m, l)| (i, m + l))
+            } else {
+                (a >= s.addr && a < s.addr + s.size).then_some((i, s.addr + s.size))
+            }
+        })
+    };
+    let list: Vec<(u64, Act)> = active.into_iter().collect();
+    let mut blocks = Vec::with_capacity(list.len());
+    let mut owner = Vec::with_capacity(list.len());
+    for (k, &(addr, a)) in list.iter().enumerate() {
+        let (si, end) = container(addr).ok_or_else(|| format!("a block at {addr:#x} is live at the start outside every segment"))?;
+        let next = list.get(k + 1).map(|x| x.0).filter(|&n| n < end).unwrap_or(end);
+        let room = next - addr;
+        let seg = &pre[si];
+        let (size, inferred) = match a.size {
+            Some(s) if s <= room => (s, false),
+            Some(s) => return Err(format!("the block at {addr:#x} ({s} bytes) overlaps the next one at the start")),
+            None => {
+                let r = config.round_size(a.requested);
+                let s = if seg.small || seg.expandable {
+                    r
+                } else if room <= r.saturating_add(K_SMALL_SIZE)
+                    || (r >= config.max_split_size && room < r.saturating_add(config.max_non_split_rounding_size))
+                {
+                    room
+                } else {
+                    r
+                };
+                (s.min(room).max(K_MIN_BLOCK_SIZE.min(room)), true)
+            }
+        };
+        if size == 0 {
+            return Err(format!("the block at {addr:#x} has no room at the start"));
+        }
+        out.inferred_sizes += inferred as u32;
+        owner.push(si);
+        blocks.push(PreBlock { addr, size, requested_size: a.requested, pending: a.pending, size_inferred: inferred });
+    }
+    for (k, &si) in owner.iter().enumerate() {
+        pre[si].blocks.push(k as u32);
+    }
+    out.segments = pre;
+    out.blocks = blocks;
+    Ok(out)
+}
