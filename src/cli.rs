@@ -79,6 +79,8 @@ enum Command {
     Explain(crate::explain_cmd::ExplainArgs),
     /// A self-contained HTML report: timeline, OOM markers, fragmentation, segment maps.
     Report(crate::report_cmd::ReportArgs),
+    /// Write a simulated run (under any config) as a snapshot for memory_viz / torch.cuda._memory_viz.
+    Export(crate::report_cmd::ExportArgs),
     /// Replay under every config of a grid and rank them: which setting saves this job?
     Sweep(crate::whatif_cmds::SweepArgs),
     /// The smallest allowed maximum (to the 2 MiB) at which the trace runs without OOM.
@@ -112,6 +114,7 @@ pub fn main() -> i32 {
         Command::Convert { input, output } => cmd_convert(&input, &output),
         Command::Explain(a) => crate::explain_cmd::cmd_explain(&a),
         Command::Report(a) => crate::report_cmd::cmd_report(&a),
+        Command::Export(a) => crate::report_cmd::cmd_export(&a),
         Command::Sweep(a) => crate::whatif_cmds::cmd_sweep(&a),
         Command::Fit(a) => crate::whatif_cmds::cmd_fit(&a),
         Command::Compare(a) => crate::whatif_cmds::cmd_compare(&a),

@@ -66,3 +66,40 @@ pub fn cmd_report(a: &ReportArgs) -> Result<i32, UserError> {
     }
     Ok(0)
 }
+
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    /// A snapshot (.pickle, .pickle.gz) or an allocsim .jsonl trace.
+    pub trace: PathBuf,
+    /// Settings to replay under (default: the trace's own).
+    #[arg(long)]
+    pub config: Option<String>,
+    /// The allowed maximum (e.g. `24GiB`).
+    #[arg(long, value_parser = parse_size)]
+    pub capacity: Option<u64>,
+    /// The allowed maximum the trace was recorded under.
+    #[arg(long, value_parser = parse_size)]
+    pub trace_capacity: Option<u64>,
+    #[arg(long, value_parser = parse_size, default_value_t = H200_TOTAL_MEMORY)]
+    pub device_memory: u64,
+    /// Where to write the simulated snapshot: `.pickle`, `.pickle.gz` (for memory_viz and
+    /// `torch.cuda._memory_viz`) or `.jsonl`.
+    #[arg(short, long)]
+    pub output: PathBuf,
+}
+
+pub fn cmd_export(a: &ExportArgs) -> Result<i32, UserError> {
+    let snap = load(&a.trace)?;
+    let own = allocsim_replay::recorded_config(&snap)?;
+    let config = match &a.config {
+        Some(c) => AllocatorConfig::parse(c).map_err(|e| UserError(format!("--config {c:?}: {e}")))?,
+        None => own,
+    };
+    let trace_capacity = a.trace_capacity.or(if a.config.is_none() { a.capacity } else { None });
+    let p = Prepared::new(&snap, None, a.device_memory, trace_capacity)?;
+    let sim = allocsim_report::export::simulated_snapshot(&p, &config, a.capacity, &p.recorded_placement());
+    allocsim_trace::write_trace(&sim, &a.output).map_err(|e| UserError(format!("{}: {e}", a.output.display())))?;
+    let n: usize = sim.device_traces.iter().map(|t| t.len()).sum();
+    eprintln!("wrote {} ({n} trace entries, {} segments) — open it in https://pytorch.org/memory_viz", a.output.display(), sim.segments.len());
+    Ok(0)
+}
