@@ -177,6 +177,17 @@ fn oom_json(r: &Replayed, o: &Oom) -> Value {
     })
 }
 
+/// Fragmentation figures of a replay (definitions in `allocsim_report::frag`).
+fn fragmentation_json(o: &allocsim_replay::ReplayOutcome) -> Value {
+    let s = &o.stats;
+    let end = allocsim_report::frag::breakdown(&o.allocator);
+    json!({
+        "utilization": s.active_bytes.all().peak as f64 / (s.reserved_bytes.all().peak.max(1) as f64),
+        "peak_reserved_minus_peak_allocated": s.reserved_bytes.all().peak - s.allocated_bytes.all().peak,
+        "at_end": end,
+    })
+}
+
 fn cmd_replay(args: &ReplayArgs, as_json: bool) -> Result<i32, UserError> {
     let r = run_replay(args)?;
     let o = &r.outcome;
@@ -201,6 +212,7 @@ fn cmd_replay(args: &ReplayArgs, as_json: bool) -> Result<i32, UserError> {
             "unknown_frees": r.program.unknown_frees,
             "placements": if args.placements.is_some() { Value::from(placements) } else { Value::Null },
             "placement_independent": placement_independent,
+            "fragmentation": fragmentation_json(o),
         });
         println!("{}", serde_json::to_string(&out).expect("JSON"));
         return Ok(0);
@@ -228,6 +240,15 @@ fn cmd_replay(args: &ReplayArgs, as_json: bool) -> Result<i32, UserError> {
     println!(
         "  device calls      {} cudaMalloc/map, {} cudaFree/unmap; {} alloc retries, {} full synchronizations",
         s.num_device_alloc, s.num_device_free, s.num_alloc_retries, s.num_sync_all_streams
+    );
+    let end = allocsim_report::frag::breakdown(&o.allocator);
+    println!(
+        "  fragmentation     utilization {:.1}% (peak active ÷ peak reserved); at the end {} free, largest block {} ({:.0}% of the free), {} rounding inside live blocks",
+        100.0 * s.active_bytes.all().peak as f64 / (peak_res.max(1) as f64),
+        format_size(end.free),
+        format_size(end.largest_free_block),
+        if end.free > 0 { 100.0 * end.largest_free_block as f64 / end.free as f64 } else { 100.0 },
+        format_size(end.rounding_waste)
     );
     let ec = r.empty_cache_requests();
     if !ec.is_empty() {
