@@ -55,7 +55,11 @@ struct ReservationEntry {
 ///
 /// * `cap`: the device refuses (`None`/`false`) whatever would take the bytes it has handed out past
 ///   the cap, so a replay under `--capacity` cannot take more of the GPU than the fraction allows
-///   even if the model were wrong (the model checks the fraction itself).
+///   even if the model were wrong (the model checks the fraction itself). [`crate::device_cap`]
+///   gives the cap for a replay: the allowed maximum plus, with expandable segments, one page
+///   (PyTorch checks the request against the maximum, then maps whole pages, so reserved memory can
+///   pass the maximum by less than a page). A refusal by the cap is counted
+///   ([`CudaDevice::cap_refusals`]).
 /// * Every call is timed ([`CudaDevice::timings`]).
 /// * A driver error other than out-of-memory is recorded ([`CudaDevice::errors`]) and the call
 ///   reports failure; it never panics.
@@ -74,6 +78,8 @@ pub struct CudaDevice {
     cap: Option<u64>,
     /// Bytes handed out: cuMemAlloc'd plus mapped.
     in_use: u64,
+    /// Calls refused because of the cap (not by the driver).
+    cap_refusals: u64,
     timings: RefCell<BTreeMap<&'static str, Timing>>,
     errors: RefCell<Vec<String>>,
 }
@@ -94,6 +100,7 @@ impl CudaDevice {
             large_segment_size: allocsim_model::constants::K_LARGE_BUFFER,
             cap: None,
             in_use: 0,
+            cap_refusals: 0,
             timings: RefCell::new(BTreeMap::new()),
             errors: RefCell::new(Vec::new()),
         })
@@ -124,6 +131,11 @@ impl CudaDevice {
     /// Bytes currently handed out (cuMemAlloc'd plus mapped).
     pub fn in_use(&self) -> u64 {
         self.in_use
+    }
+    /// Calls refused because of the cap: the model asked for more than the cap allows, so the
+    /// replay no longer follows the model's own decisions.
+    pub fn cap_refusals(&self) -> u64 {
+        self.cap_refusals
     }
     /// Per call kind: count and total time.
     pub fn timings(&self) -> BTreeMap<&'static str, Timing> {
@@ -269,6 +281,7 @@ impl CudaDevice {
 impl Device for CudaDevice {
     fn malloc(&mut self, size: u64) -> Option<u64> {
         if !self.fits(size) {
+            self.cap_refusals += 1;
             return None;
         }
         let r = self.timed("cudaMalloc", || DeviceMemory::alloc(&self.ctx, size));
@@ -332,6 +345,7 @@ impl Device for CudaDevice {
 
     fn map(&mut self, ptr: u64, size: u64) -> bool {
         if !self.fits(size) {
+            self.cap_refusals += 1;
             return false;
         }
         let t = Instant::now();

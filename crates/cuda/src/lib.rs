@@ -61,8 +61,10 @@ pub struct GpuReport {
     pub free_at_start: u64,
     pub config: String,
     pub capacity: Option<u64>,
-    /// The byte cap the device itself enforced.
+    /// The byte cap the device itself enforced ([`device_cap`]).
     pub device_cap: Option<u64>,
+    /// Calls the device refused because of that cap (0 unless the model overshoots it).
+    pub cap_refusals: u64,
     pub requests: usize,
     /// Segment events the model produced (all of them are checked).
     pub segment_events: usize,
@@ -89,7 +91,11 @@ pub struct GpuReport {
 impl GpuReport {
     /// Every segment event matched and nothing went wrong.
     pub fn exact(&self) -> bool {
-        self.mismatches.is_empty() && self.driver_errors.is_empty() && self.leaked_bytes == 0 && self.events_checked == self.segment_events
+        self.mismatches.is_empty()
+            && self.driver_errors.is_empty()
+            && self.leaked_bytes == 0
+            && self.events_checked == self.segment_events
+            && self.cap_refusals == 0
     }
 
     pub fn timing(&self, kind: &str) -> Option<&CallTiming> {
@@ -97,21 +103,39 @@ impl GpuReport {
     }
 }
 
+/// The byte cap a device should enforce for a replay under `opts` on a device of `total` bytes: the
+/// allowed maximum (`opts.capacity`, else `per_process_memory_fraction` × total), plus one page of the
+/// largest expandable-segment page when expandable segments are on. PyTorch checks
+/// `total_allocated_memory + size` against the maximum for the rounded request, then maps whole
+/// pages, so its reserved memory can exceed the maximum by less than a page (seen on an H200:
+/// `synthetic__default__8810M` under `expandable_segments:True` peaks 16 MiB above its maximum).
+/// `None`: no maximum.
+pub fn device_cap(opts: &ReplayOptions, total: u64) -> Option<u64> {
+    let fraction_cap = opts.config.per_process_memory_fraction.filter(|&f| f < 1.0).map(|f| (f * total as f64) as u64);
+    let allowed = match (opts.capacity, fraction_cap) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }?;
+    let slack = if opts.config.expandable_segments {
+        opts.config.large_segment_size.max(allocsim_model::constants::K_SMALL_BUFFER)
+    } else {
+        0
+    };
+    Some(allowed.saturating_add(slack))
+}
+
 /// Replays `program` under `opts` on GPU `ordinal`: real `cuMemAlloc`/`cuMemFree` and VMM calls for
 /// the model's decisions, `empty_cache()` where `empty_cache_flags` says (those of a simulated replay,
 /// `Replayed.outcome.empty_cache`), and at every segment event a check that the device's used memory
 /// moved by exactly the model's reserved delta. Everything is given back at the end.
 ///
-/// The device refuses allocations beyond `opts.capacity` (or `per_process_memory_fraction` × total)
-/// as an extra safety; the model enforces the allowed maximum itself.
+/// The device refuses allocations beyond [`device_cap`] as an extra safety; the model enforces the
+/// allowed maximum itself. A refusal by that cap means the model asked for more than PyTorch could
+/// have taken: it is counted in [`GpuReport::cap_refusals`] and makes the report not exact.
 pub fn replay_on_gpu(program: &Program, opts: &ReplayOptions, empty_cache_flags: &[bool], ordinal: usize) -> Result<GpuReport, CudaError> {
     let dev = CudaDevice::new(ordinal)?;
     let total = dev.total();
-    let fraction_cap = opts.config.per_process_memory_fraction.filter(|&f| f < 1.0).map(|f| (f * total as f64) as u64);
-    let device_cap = match (opts.capacity, fraction_cap) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let device_cap = device_cap(opts, total);
     let dev = dev.with_cap(device_cap).with_large_segment_size(opts.config.large_segment_size);
     let device_name = dev.context().name()?;
     let driver_version = dev.context().driver_version()?;
@@ -123,6 +147,7 @@ pub fn replay_on_gpu(program: &Program, opts: &ReplayOptions, empty_cache_flags:
 
     let ReplayOutcome { segment_events, ooms, peak_reserved, allocator, .. } = outcome;
     let mut dev = allocator.device.inner;
+    let cap_refusals = dev.cap_refusals();
     let mut driver_errors = dev.errors();
     driver_errors.extend(dev.release_all().into_iter().map(|e| e.to_string()));
     let (free_at_end, _) = dev.context().mem_get_info()?;
@@ -141,6 +166,7 @@ pub fn replay_on_gpu(program: &Program, opts: &ReplayOptions, empty_cache_flags:
         config: opts.config.source.clone(),
         capacity: opts.capacity,
         device_cap,
+        cap_refusals,
         requests: program.requests.len(),
         segment_events: segment_events.len(),
         events_checked: c.events_checked,
@@ -173,7 +199,7 @@ impl std::fmt::Display for GpuReport {
             if self.config.is_empty() { "defaults" } else { &self.config }
         )?;
         if let Some(c) = self.device_cap {
-            writeln!(f, "  device cap        {} ({c} bytes)", format_size(c))?;
+            writeln!(f, "  device cap        {} ({c} bytes); {} calls refused by it", format_size(c), self.cap_refusals)?;
         }
         let verdict = if self.mismatches.is_empty() { "every reserved delta matched".to_string() } else { format!("{} MISMATCHES", self.mismatches.len()) };
         writeln!(
