@@ -100,7 +100,7 @@ fn oom_cell(p: &Prepared, row: &Row) -> String {
 
 fn range(r: Option<(u64, u64)>) -> String {
     match r {
-        Some((lo, hi)) if lo == hi => format_size(lo),
+        Some((lo, hi)) if format_size(lo) == format_size(hi) => format_size(lo),
         Some((lo, hi)) => format!("{}–{}", format_size(lo), format_size(hi)),
         None => "-".into(),
     }
@@ -123,6 +123,7 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<i32, UserError> {
             "placements": a.placements,
             "seconds": secs,
             "rows": rows,
+            "could_swap_with_next": allocsim_whatif::sweep::placement_sensitive_pairs(&rows),
         });
         println!("{}", serde_json::to_string(&out).expect("JSON"));
         return Ok(0);
@@ -189,15 +190,12 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<i32, UserError> {
     if a.capacity.is_none() && points.iter().any(|p| p.config.as_ref().is_ok_and(|c| c.gc_enabled())) {
         println!("note: garbage_collection_threshold has no effect without a memory fraction (give --capacity)");
     }
-    // Rankings that placement can flip: two configs whose outcome ranges overlap.
+    // Rankings that placement can flip: adjacent configs whose outcome ranges overlap.
     let shown: Vec<&Row> = rows.iter().filter(|r| r.rejected.is_none()).take(a.top).collect();
-    if shown.len() >= 2 {
-        let (x, y) = (shown[0], shown[1]);
-        let (xr, yr) = (x.peak_reserved_range(), y.peak_reserved_range());
-        let overlap = matches!((xr, yr), (Some((a0, a1)), Some((b0, b1))) if a0 <= b1 && b0 <= a1);
-        if overlap && x.placements_with_oom() == y.placements_with_oom() && x.outcomes.len() + y.outcomes.len() > 2 {
-            println!("note: #1 and #2 could swap places: their peak-reserved ranges across placements overlap");
-        }
+    let flips = allocsim_whatif::sweep::placement_sensitive_pairs(&rows);
+    let flips: Vec<String> = flips.iter().filter(|&&i| i + 1 < a.top).map(|i| format!("#{} and #{}", i + 1, i + 2)).collect();
+    if !flips.is_empty() {
+        println!("placement: these neighbours could swap places depending on where the driver puts segments (their ranges overlap): {}", flips.join(", "));
     }
     if let Some(best) = shown.first() {
         let own = rows.iter().find(|r| r.rejected.is_none() && p.is_own(&AllocatorConfig::parse(&r.conf).unwrap(), p.trace_capacity));

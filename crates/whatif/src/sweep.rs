@@ -127,6 +127,29 @@ pub fn sweep(
     rows
 }
 
+/// Adjacent ranked rows whose order could flip with segment placement: the same number of
+/// placements with OOM and overlapping peak-reserved ranges (or overlapping first-OOM ranges).
+/// Returns the indices `i` (into `rows`) such that rows `i` and `i + 1` could swap.
+pub fn placement_sensitive_pairs(rows: &[Row]) -> Vec<usize> {
+    let valid: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].rejected.is_none()).collect();
+    let mut out = Vec::new();
+    for w in valid.windows(2) {
+        let (a, b) = (&rows[w[0]], &rows[w[1]]);
+        if a.outcomes.len() + b.outcomes.len() <= 2 {
+            continue; // one placement each: nothing to compare across placements
+        }
+        let overlap = |x: (u64, u64), y: (u64, u64)| x.0 <= y.1 && y.0 <= x.1;
+        let peaks = matches!((a.peak_reserved_range(), b.peak_reserved_range()), (Some(x), Some(y)) if overlap(x, y));
+        let key = |o: Option<u32>| o.map_or(u64::MAX, |v| v as u64);
+        let (fa, fb) = (a.first_oom_range(), b.first_oom_range());
+        let ooms = a.placements_with_oom() > 0 && b.placements_with_oom() > 0 && overlap((key(fa.0), key(fa.1)), (key(fb.0), key(fb.1)));
+        if (a.placements_with_oom() == b.placements_with_oom() && peaks) || ooms {
+            out.push(w[0]);
+        }
+    }
+    out
+}
+
 /// How many replays `sweep` will run (for a progress bar).
 pub fn replay_count(points: &[GridPoint], placements: usize) -> usize {
     points
