@@ -158,3 +158,45 @@ pub fn replay_count(points: &[GridPoint], placements: usize) -> usize {
         .map(|c| if c.expandable_segments { 1 } else { placements.max(1) })
         .sum()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(conf: &str, peaks: &[u64], ooms: &[Option<u32>]) -> Row {
+        Row {
+            conf: conf.into(),
+            rejected: None,
+            placement_independent: false,
+            outcomes: peaks
+                .iter()
+                .zip(ooms)
+                .map(|(&p, &o)| Outcome {
+                    placement: String::new(),
+                    first_oom: o,
+                    ooms: o.is_some() as usize,
+                    peak_reserved: p,
+                    peak_allocated: 0,
+                    num_alloc_retries: 0,
+                    num_sync_all_streams: 0,
+                    num_device_alloc: 0,
+                    num_device_free: 0,
+                    device_call_us: 0.0,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn overlapping_neighbours_could_swap() {
+        let rows = vec![
+            row("a", &[10, 14], &[None, None]),
+            row("b", &[12, 13], &[None, None]),
+            row("c", &[20, 21], &[None, None]),
+            row("d", &[30, 30], &[Some(5), Some(9)]),
+            row("e", &[30, 30], &[Some(7), Some(8)]),
+        ];
+        // a/b overlap in peak; b/c do not; c/d differ in OOMs; d/e overlap in first OOM.
+        assert_eq!(placement_sensitive_pairs(&rows), vec![0, 3]);
+    }
+}
