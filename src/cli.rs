@@ -43,9 +43,14 @@ struct ReplayArgs {
     /// Also replay under N plausible segment placements and report each outcome.
     #[arg(long)]
     placements: Option<usize>,
-    /// Which device's trace to replay (default: the first with entries).
+    /// Which device's trace to replay (default: every device with entries, each on its own
+    /// allocator; `--json` keeps the first one's at the top level and lists all in `devices`).
     #[arg(long)]
     device: Option<usize>,
+    /// The PyTorch release whose allocator rules apply, 2.5 to 2.15 (a snapshot does not record
+    /// its version; default 2.11). See `allocsim_replay::version` for what changes.
+    #[arg(long, value_parser = allocsim_replay::TorchVersion::parse, default_value = "2.11")]
+    torch_version: allocsim_replay::TorchVersion,
 }
 
 #[derive(Subcommand)]
@@ -147,8 +152,72 @@ fn run_replay(args: &ReplayArgs) -> Result<Replayed, UserError> {
         addresses_from: other.as_ref(),
         placements: args.placements,
         device: args.device,
+        torch_version: args.torch_version,
     };
     Ok(allocsim_replay::run(&snap, &spec)?)
+}
+
+/// `--device N`: that device; else every device with entries (in device order).
+fn run_replays(args: &ReplayArgs) -> Result<Vec<Replayed>, UserError> {
+    if args.device.is_some() {
+        return Ok(vec![run_replay(args)?]);
+    }
+    let snap = load(&args.trace)?;
+    let other = args.addresses_from.as_deref().map(load).transpose()?;
+    let spec = ReplaySpec {
+        config: args.config.clone(),
+        capacity: args.capacity,
+        device_memory: args.device_memory,
+        trace_capacity: args.trace_capacity,
+        addresses_from: other.as_ref(),
+        placements: args.placements,
+        device: None,
+        torch_version: args.torch_version,
+    };
+    Ok(allocsim_replay::devices::run_devices(&snap, &spec)?)
+}
+
+/// The state a truncated trace starts from (`null`: an empty allocator).
+fn initial_state_json(r: &Replayed) -> Value {
+    match &r.program.initial {
+        None => Value::Null,
+        Some(s) => json!({
+            "segments": s.segments.len(),
+            "reserved_bytes": s.reserved_bytes(),
+            "blocks": s.blocks.len(),
+            "allocated_blocks": s.allocated_blocks(),
+            "allocated_bytes": s.allocated_bytes(),
+            "pending_free_blocks": s.pending_blocks(),
+            "inferred_block_sizes": s.inferred_sizes,
+            "restore_failures": r.outcome.restore_failures,
+        }),
+    }
+}
+
+/// One summary per device, in device order.
+fn devices_json(all: &[Replayed]) -> Value {
+    let rank = allocsim_replay::devices::worst_first(all);
+    Value::from(
+        all.iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let s = &r.outcome.stats;
+                json!({
+                    "device": r.device,
+                    "rank": rank.iter().position(|&k| k == i),
+                    "requests": r.program.requests.len(),
+                    "ooms": r.outcome.ooms.len(),
+                    "first_oom": r.outcome.first_oom(),
+                    "peak_reserved": r.outcome.peak_reserved,
+                    "peak_allocated": s.allocated_bytes.all().peak,
+                    "reserved_at_end": s.reserved_bytes.all().current,
+                    "num_device_alloc": s.num_device_alloc,
+                    "num_device_free": s.num_device_free,
+                    "initial_state": initial_state_json(r),
+                })
+            })
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// The OOM message as PyTorch would print it, with `device_free` from the trace where it recorded
@@ -189,7 +258,20 @@ fn fragmentation_json(o: &allocsim_replay::ReplayOutcome) -> Value {
 }
 
 fn cmd_replay(args: &ReplayArgs, as_json: bool) -> Result<i32, UserError> {
-    let r = run_replay(args)?;
+    let all = run_replays(args)?;
+    if as_json {
+        return replay_one(args, &all[0], true, &all);
+    }
+    if all.len() > 1 {
+        println!("{}: {} devices, each replayed on its own allocator; worst first (most OOMs, then highest peak reserved)", args.trace.display(), all.len());
+    }
+    for &i in &allocsim_replay::devices::worst_first(&all) {
+        replay_one(args, &all[i], false, &all)?;
+    }
+    Ok(0)
+}
+
+fn replay_one(args: &ReplayArgs, r: &Replayed, as_json: bool, all: &[Replayed]) -> Result<i32, UserError> {
     let o = &r.outcome;
     let placement_independent = r.options.config.expandable_segments;
     if as_json {
@@ -210,6 +292,10 @@ fn cmd_replay(args: &ReplayArgs, as_json: bool) -> Result<i32, UserError> {
             "first_oom": o.first_oom(),
             "empty_cache_calls": r.empty_cache_requests(),
             "unknown_frees": r.program.unknown_frees,
+            "initial_state": initial_state_json(r),
+            "reconstruct_error": r.program.reconstruct_error,
+            "torch_version": args.torch_version.to_string(),
+            "devices": devices_json(all),
             "placements": if args.placements.is_some() { Value::from(placements) } else { Value::Null },
             "placement_independent": placement_independent,
             "fragmentation": fragmentation_json(o),
@@ -254,9 +340,23 @@ fn cmd_replay(args: &ReplayArgs, as_json: bool) -> Result<i32, UserError> {
     if !ec.is_empty() {
         println!("  empty_cache()     {} calls, inferred from the trace's releases", ec.len());
     }
+    if let Some(init) = &r.program.initial {
+        println!(
+            "  mid-history       the trace's first entry is not the job's (the ring buffer of max_entries): the replay starts from the state reconstructed from the final segments, {} pre-existing blocks ({} allocated in {} blocks, {} pending free) in {} segments ({} reserved); counters count from the trace's start, peaks are the trace's",
+            init.blocks.len(),
+            format_size(init.allocated_bytes()),
+            init.allocated_blocks(),
+            init.pending_blocks(),
+            init.segments.len(),
+            format_size(init.reserved_bytes())
+        );
+    }
+    if let Some(e) = &r.program.reconstruct_error {
+        println!("  note              the state at the trace's start could not be reconstructed ({e}); the replay starts from an empty allocator");
+    }
     if r.program.unknown_frees > 0 {
         println!(
-            "  note              {} frees of blocks allocated before the trace began were ignored: the trace starts mid-history, so the replay starts from an empty allocator",
+            "  note              {} frees of blocks allocated before the trace began were ignored",
             r.program.unknown_frees
         );
     }

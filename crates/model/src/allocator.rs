@@ -1286,3 +1286,345 @@ pub struct SegmentView {
     pub is_expandable: bool,
     pub blocks: Vec<BlockId>,
 }
+
+// ---------------------------------------------------------------------------------------------
+// Restoring a state (a trace that starts mid-history)
+
+/// The state of one block of a segment being restored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestoredState {
+    /// Allocated (`active_allocated`), serving a request of `requested_size` bytes.
+    Allocated { requested_size: u64 },
+    /// Freed with outstanding cross-stream events (`active_pending_free`).
+    PendingFree { requested_size: u64 },
+}
+
+/// An active block of a segment being restored, at `offset` bytes from the segment's start (for an
+/// expandable segment: from the reservation's base). Free blocks are the gaps between active
+/// blocks (free neighbours always merge, so the gaps are exactly the free blocks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestoredBlockSpec {
+    pub offset: u64,
+    pub size: u64,
+    pub state: RestoredState,
+}
+
+/// A handle on a restored active block: the block (allocated) or the token of its pending free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestoredHandle {
+    Allocated(BlockId),
+    PendingFree(u64),
+}
+
+/// What a restore made: the segment's (or reservation's) address as the device chose it, and one
+/// handle per active block, in the order given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restored {
+    pub address: u64,
+    pub handles: Vec<RestoredHandle>,
+}
+
+impl<D: Device> CachingAllocator<D> {
+    /// Restores a cudaMalloc'd segment of `size` bytes with the given active blocks (sorted by
+    /// offset, non-overlapping, inside the segment), as if it had been allocated and its blocks
+    /// split, allocated and freed: the device is asked for the segment (`Device::malloc`; a
+    /// simulated device with [`crate::Placement::Recorded`] gives the recorded address when the
+    /// segment is listed first), and every statistic moves exactly as the allocation would have
+    /// moved it (`segment`, `reserved_bytes`, `oversize_segments`, `num_device_alloc`, and per block
+    /// `allocation`, `allocated_bytes`, `active`, `active_bytes`, `requested_bytes`,
+    /// `oversize_allocations`, and for the free blocks of a split segment `inactive_split` and
+    /// `inactive_split_bytes`). The allowed maximum is not checked: the state existed.
+    pub fn restore_segment(
+        &mut self,
+        size: u64,
+        stream: u64,
+        route: Route,
+        small: bool,
+        blocks: &[RestoredBlockSpec],
+    ) -> Result<Restored, String> {
+        check_specs(blocks, size)?;
+        let pool = self.restore_pool(small, route);
+        let ptr = self.device.malloc(size).ok_or_else(|| format!("the device has no room for a restored segment of {size} bytes"))?;
+        if let Some(pp) = self.pools[pool as usize].owner_private_pool {
+            self.private_pools[pp as usize].cuda_malloc_count += 1;
+        }
+        self.total_allocated_memory += size;
+        self.stats.segment.increase(small, 1);
+        self.stats.reserved_bytes.increase(small, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        // Tile the segment: active blocks and the free gaps between them.
+        let mut pieces: Vec<(u64, u64, Option<RestoredState>)> = Vec::new();
+        let mut at = 0;
+        for b in blocks {
+            if b.offset > at {
+                pieces.push((at, b.offset - at, None));
+            }
+            pieces.push((b.offset, b.size, Some(b.state)));
+            at = b.offset + b.size;
+        }
+        if at < size {
+            pieces.push((at, size - at, None));
+        }
+        let split = pieces.len() > 1;
+        let ids = self.link_pieces(&pieces, ptr, stream, pool, true, None);
+        let mut handles = Vec::new();
+        for (&id, &(_, bsize, st)) in ids.iter().zip(&pieces) {
+            match st {
+                None => {
+                    self.insert_into_blocks(id);
+                    if split {
+                        self.stats.inactive_split.increase(small, 1);
+                        self.stats.inactive_split_bytes.increase(small, bsize);
+                    }
+                }
+                Some(st) => handles.push(self.restore_active(id, st)),
+            }
+        }
+        Ok(Restored { address: ptr, handles })
+    }
+
+    /// Restores an expandable segment: a reservation (`Device::reserve`, of the size
+    /// `find_expandable_block` would reserve for this pool) with the page-aligned `mapped` ranges
+    /// (offsets from its base, sorted, disjoint) mapped (`Device::map`, one call and one
+    /// `num_device_alloc` per range) and the given active blocks inside them. Returns the base the
+    /// device chose.
+    pub fn restore_expandable_segment(
+        &mut self,
+        stream: u64,
+        route: Route,
+        small: bool,
+        mapped: &[(u64, u64)],
+        blocks: &[RestoredBlockSpec],
+    ) -> Result<Restored, String> {
+        let pool = self.restore_pool(small, route);
+        let segment_size = if small { K_SMALL_BUFFER } else { self.config.large_segment_size };
+        let total = self.device.mem_get_info().1;
+        let max_handles = (total + total / 8).div_ceil(segment_size);
+        let res_size = max_handles * segment_size;
+        let mut at = 0;
+        for &(off, len) in mapped {
+            if off < at || len == 0 || off % segment_size != 0 || len % segment_size != 0 || off.saturating_add(len) > res_size {
+                return Err(format!("mapped range at offset {off} of {len} bytes is not page-aligned, ordered and inside the reservation"));
+            }
+            at = off + len;
+        }
+        check_specs(blocks, res_size)?;
+        for b in blocks {
+            if !mapped.iter().any(|&(o, l)| b.offset >= o && b.offset + b.size <= o + l) {
+                return Err(format!("block at offset {} of {} bytes is not inside one mapped range", b.offset, b.size));
+            }
+        }
+        let base = self.device.reserve(res_size);
+        let mut mapped_total = 0;
+        for &(off, len) in mapped {
+            if !self.device.map(base + off, len) {
+                return Err(format!("the device has no room to map {len} bytes of a restored expandable segment"));
+            }
+            mapped_total += len;
+            self.total_allocated_memory += len;
+            self.stats.reserved_bytes.increase(small, len);
+            self.stats.num_device_alloc += 1;
+            if let Some(pp) = self.pools[pool as usize].owner_private_pool {
+                self.private_pools[pp as usize].cuda_malloc_count += 1;
+            }
+        }
+        let es = self.expandable_segments.len() as u32;
+        self.expandable_segments.push(Some(ExpandableSegment { ptr: base, segment_size, max_handles, stream, mapped_size: mapped_total }));
+        // Tile the reservation: unmapped ranges, and inside mapped ranges active blocks and free gaps.
+        let mut pieces: Vec<(u64, u64, Option<RestoredState>, bool)> = Vec::new();
+        let mut at = 0;
+        let mut bi = 0;
+        for &(off, len) in mapped {
+            if off > at {
+                pieces.push((at, off - at, None, false));
+            }
+            let mut p = off;
+            while bi < blocks.len() && blocks[bi].offset < off + len {
+                let b = blocks[bi];
+                if b.offset > p {
+                    pieces.push((p, b.offset - p, None, true));
+                }
+                pieces.push((b.offset, b.size, Some(b.state), true));
+                p = b.offset + b.size;
+                bi += 1;
+            }
+            if p < off + len {
+                pieces.push((p, off + len - p, None, true));
+            }
+            at = off + len;
+        }
+        if at < res_size {
+            pieces.push((at, res_size - at, None, false));
+        }
+        let plain: Vec<(u64, u64, Option<RestoredState>)> = pieces.iter().map(|&(o, s, st, _)| (o, s, st)).collect();
+        let ids = self.link_pieces(&plain, base, stream, pool, true, Some(es));
+        let mut handles = Vec::new();
+        for (&id, &(_, _, st, is_mapped)) in ids.iter().zip(&pieces) {
+            self.bm(id).mapped = is_mapped;
+            match (st, is_mapped) {
+                (None, false) => self.unmapped_insert(id),
+                (None, true) => self.insert_into_blocks(id),
+                (Some(st), _) => handles.push(self.restore_active(id, st)),
+            }
+        }
+        Ok(Restored { address: base, handles })
+    }
+
+    /// Releases the whole free cudaMalloc'd segment at `ptr` (`release_block`), as a release the
+    /// trace shows but whose cause lies before its start. False if there is no such segment.
+    pub fn release_segment_at(&mut self, ptr: u64) -> bool {
+        let hit = self.live_blocks().find(|(_, b)| b.ptr == ptr && b.mapped && b.expandable_segment.is_none() && !b.is_split()).map(|(id, _)| id);
+        match hit {
+            Some(id) if !self.b(id).allocated && self.b(id).event_count == 0 => {
+                self.release_block(id);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Unmaps the free pages of the free expandable block containing `ptr` (`unmap_block`, then
+    /// `release_expandable_segment` if nothing of it stays mapped), as `release_blocks` does.
+    /// False if `ptr` is not in a free mapped expandable block.
+    pub fn unmap_free_block_at(&mut self, ptr: u64) -> bool {
+        let hit = self
+            .live_blocks()
+            .find(|(_, b)| b.mapped && b.expandable_segment.is_some() && ptr >= b.ptr && ptr < b.ptr + b.size)
+            .map(|(id, _)| id);
+        let Some(id) = hit else { return false };
+        if self.b(id).allocated || self.b(id).event_count > 0 {
+            return false;
+        }
+        self.unmap_block(id);
+        let b = self.b(id);
+        if !b.mapped && b.prev == NIL && b.next == NIL {
+            self.release_expandable_segment(id);
+        }
+        true
+    }
+
+    /// `resetAccumulatedStats`: the `allocated`/`freed` counters of every statistic and
+    /// `num_alloc_retries`, `num_ooms`, `num_sync_all_streams`, `num_device_alloc`,
+    /// `num_device_free` back to zero.
+    pub fn reset_accumulated_stats(&mut self) {
+        let s = &mut self.stats;
+        for a in [
+            &mut s.allocation,
+            &mut s.segment,
+            &mut s.active,
+            &mut s.inactive_split,
+            &mut s.allocated_bytes,
+            &mut s.reserved_bytes,
+            &mut s.active_bytes,
+            &mut s.inactive_split_bytes,
+            &mut s.requested_bytes,
+        ] {
+            for st in a.0.iter_mut() {
+                st.allocated = 0;
+                st.freed = 0;
+            }
+        }
+        for st in [&mut s.oversize_allocations, &mut s.oversize_segments] {
+            st.allocated = 0;
+            st.freed = 0;
+        }
+        s.num_alloc_retries = 0;
+        s.num_ooms = 0;
+        s.num_sync_all_streams = 0;
+        s.num_device_alloc = 0;
+        s.num_device_free = 0;
+    }
+
+    fn restore_pool(&mut self, small: bool, route: Route) -> PoolIdx {
+        match route {
+            Route::Default => {
+                if small { SMALL_POOL } else { LARGE_POOL }
+            }
+            Route::Private(id) => {
+                let i = self.private_pool(id) as usize;
+                if small { self.private_pools[i].small } else { self.private_pools[i].large }
+            }
+        }
+    }
+
+    /// New blocks for `pieces` (offset, size) at `base`, linked in order.
+    fn link_pieces(
+        &mut self,
+        pieces: &[(u64, u64, Option<RestoredState>)],
+        base: u64,
+        stream: u64,
+        pool: PoolIdx,
+        mapped: bool,
+        es: Option<u32>,
+    ) -> Vec<BlockId> {
+        let mut ids: Vec<BlockId> = Vec::with_capacity(pieces.len());
+        for &(off, size, _) in pieces {
+            let prev = ids.last().copied().unwrap_or(NIL);
+            let id = self.new_block(Block {
+                stream,
+                size,
+                requested_size: 0,
+                pool,
+                ptr: base + off,
+                allocated: false,
+                mapped,
+                prev,
+                next: NIL,
+                event_count: 0,
+                gc_count_base: 0,
+                expandable_segment: es,
+            });
+            if prev != NIL {
+                self.bm(prev).next = id;
+            }
+            ids.push(id);
+        }
+        ids
+    }
+
+    /// Makes restored block `id` active, with the statistics of its allocation (and of its free).
+    fn restore_active(&mut self, id: BlockId, st: RestoredState) -> RestoredHandle {
+        let small = self.is_small(self.b(id).pool);
+        let size = self.b(id).size;
+        let requested = match st {
+            RestoredState::Allocated { requested_size } | RestoredState::PendingFree { requested_size } => requested_size,
+        };
+        self.bm(id).requested_size = requested;
+        let s = &mut self.stats;
+        s.active.increase(small, 1);
+        s.active_bytes.increase(small, size);
+        s.requested_bytes.increase(small, requested);
+        match st {
+            RestoredState::Allocated { .. } => {
+                self.bm(id).allocated = true;
+                let s = &mut self.stats;
+                s.allocation.increase(small, 1);
+                s.allocated_bytes.increase(small, size);
+                if size >= self.config.max_split_size {
+                    s.oversize_allocations.increase(1);
+                }
+                RestoredHandle::Allocated(id)
+            }
+            RestoredState::PendingFree { .. } => {
+                self.bm(id).event_count = 1;
+                self.next_free_token += 1;
+                self.pending_frees.push((id, self.next_free_token));
+                RestoredHandle::PendingFree(self.next_free_token)
+            }
+        }
+    }
+}
+
+fn check_specs(blocks: &[RestoredBlockSpec], size: u64) -> Result<(), String> {
+    let mut at = 0;
+    for b in blocks {
+        if b.offset < at || b.size == 0 || b.offset.checked_add(b.size).is_none_or(|e| e > size) {
+            return Err(format!("restored block at offset {} of {} bytes overlaps another or leaves its segment", b.offset, b.size));
+        }
+        at = b.offset + b.size;
+    }
+    Ok(())
+}

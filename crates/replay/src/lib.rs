@@ -2,13 +2,18 @@
 //! the model ([`replay`]), answers one replay question end to end ([`run`]), and checks a replay
 //! against its recording ([`validate`]).
 pub mod oom;
+pub mod check;
+pub mod devices;
 pub mod program;
 pub mod replay;
 pub mod restore;
 pub mod run;
+pub mod settle;
 pub mod validate;
+pub mod version;
 
 pub use program::{Op, Program, Request};
 pub use replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, plausible_placements, recorded_placement, replay, replay_observed, replay_on};
 pub use run::{Prepared, ReplaySpec, Replayed, RunError, recorded_config, run};
 pub use validate::{Validation, validate};
+pub use version::TorchVersion;

@@ -117,7 +117,9 @@ impl Program {
                 }
                 p.initial = Some(s);
             }
-            Err(e) => p.reconstruct_error = Some(e),
+            // Without a sign of truncation, an inconsistency lies in the final segments (absent,
+            // or from another moment), not in the trace: replay from empty without a note.
+            Err(e) => p.reconstruct_error = starts_mid_history(trace).then_some(e),
         }
         let mut i = 0usize;
         while i < trace.len() {
@@ -188,6 +190,42 @@ impl Program {
         }
         p
     }
+}
+
+/// Whether the trace refers to blocks or segments it did not allocate (frees, completions,
+/// releases, unmaps of unknown addresses): it starts mid-history.
+pub fn starts_mid_history(trace: &[TraceEntry]) -> bool {
+    use std::collections::{BTreeMap, HashSet};
+    let mut blocks: HashSet<u64> = HashSet::new();
+    let mut segments: HashSet<u64> = HashSet::new();
+    let mut mapped: BTreeMap<u64, u64> = BTreeMap::new();
+    for e in trace {
+        match e.action {
+            Action::Alloc => {
+                blocks.insert(e.addr);
+            }
+            Action::FreeRequested | Action::FreeCompleted if !blocks.contains(&e.addr) => return true,
+            Action::FreeCompleted => {
+                blocks.remove(&e.addr);
+            }
+            Action::SegmentAlloc => {
+                segments.insert(e.addr);
+            }
+            Action::SegmentFree if !segments.remove(&e.addr) => return true,
+            Action::SegmentMap => {
+                mapped.insert(e.addr, e.addr.saturating_add(e.size));
+            }
+            Action::SegmentUnmap => {
+                let inside = mapped.range(..=e.addr).next_back().is_some_and(|(_, &end)| end > e.addr);
+                let first = mapped.range(..e.addr.saturating_add(e.size)).next_back().is_some_and(|(&s, _)| s >= e.addr);
+                if !inside && !first {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Final private-pool segments, with the trace index from which each one held its range.

@@ -51,6 +51,14 @@ pub struct PreBlock {
     pub pending: bool,
     /// The size was inferred (the block was freed in the trace), see the module documentation.
     pub size_inferred: bool,
+    /// The index of the entry that returned it to its pool (`free_completed`), if in the trace.
+    pub freed_at: Option<u32>,
+    /// The bytes it may take: up to the next active block or its segment's end.
+    pub room: u64,
+    /// The most it could have been larger than its rounded request and still not have been split
+    /// (when its size is inferred): 1 MiB, or `max_non_split_rounding` for an oversize block;
+    /// 0 where blocks are always split (small pool, expandable segments).
+    pub slack: u64,
 }
 
 /// A segment at the trace's start: a cudaMalloc'd segment, or an expandable segment's
@@ -121,6 +129,8 @@ struct Act {
     size: Option<u64>,
     requested: u64,
     pending: bool,
+    /// The index of the entry that freed it (`free_completed`), for a block freed in the trace.
+    freed_at: usize,
 }
 
 /// Mapped pages of expandable segments: start → (end, stream).
@@ -183,6 +193,9 @@ pub fn reconstruct(
     let mut es_hints: Vec<(u64, u64, bool, MempoolId)> = Vec::new();
     for s in segments {
         let end = s.address.checked_add(s.total_size).ok_or("a final segment ends beyond 2^64")?;
+        if s.total_size == 0 {
+            return Err(format!("final segment at {:#x} has no bytes", s.address));
+        }
         if s.is_expandable {
             if !map_range(&mut mapped, s.address, s.total_size, s.stream) {
                 return Err(format!("final expandable segment at {:#x} overlaps another", s.address));
@@ -197,7 +210,7 @@ pub fn reconstruct(
         for b in &s.blocks {
             if b.state != BlockState::Inactive {
                 let pending = b.state == BlockState::ActivePendingFree;
-                active.insert(b.address, Act { size: Some(b.size), requested: b.requested_size, pending });
+                active.insert(b.address, Act { size: Some(b.size), requested: b.requested_size, pending, freed_at: usize::MAX });
             }
         }
     }
@@ -217,7 +230,7 @@ pub fn reconstruct(
                 if active.contains_key(&e.addr) {
                     return Err(format!("{}: the address is in use after it", at()));
                 }
-                active.insert(e.addr, Act { size: None, requested: e.size, pending: true });
+                active.insert(e.addr, Act { size: None, requested: e.size, pending: true, freed_at: i });
             }
             Action::SegmentAlloc => match segs.get(&e.addr) {
                 Some(s) if s.size == e.size => {
@@ -228,6 +241,7 @@ pub fn reconstruct(
                 }
                 _ => return Err(format!("{}: no such segment after it", at())),
             },
+            Action::SegmentFree | Action::SegmentUnmap if e.size == 0 => return Err(format!("{}: a release of 0 bytes", at())),
             Action::SegmentFree => {
                 let end = e.addr.checked_add(e.size).ok_or_else(|| format!("{}: segment ends beyond 2^64", at()))?;
                 if segs.range(..end).next_back().is_some_and(|(&a, g)| a + g.size > e.addr) {
@@ -262,7 +276,7 @@ pub fn reconstruct(
 
     // Expandable segments: group mapped ranges into reservations (per stream, within one
     // reservation's span of each other), then find each one's pool and base.
-    let span = (device_memory + device_memory / 8).div_ceil(K_SMALL_BUFFER) * K_SMALL_BUFFER;
+    let span = device_memory.saturating_add(device_memory / 8).max(K_SMALL_BUFFER).div_ceil(K_SMALL_BUFFER) * K_SMALL_BUFFER;
     let mut groups: Vec<(u64, Vec<(u64, u64)>)> = Vec::new(); // (stream, ranges)
     for (&s, &(e, stream)) in &mapped {
         match groups.iter_mut().rev().find(|(st, r)| *st == stream && s < r[0].0.saturating_add(span)) {
@@ -270,34 +284,50 @@ pub fn reconstruct(
             None => groups.push((stream, vec![(s, e - s)])),
         }
     }
+    // Each group's extent (lowest, highest address), grown by the trace's maps and unmaps in
+    // time order: an event goes to the group whose extent holds it, else to the nearest group of
+    // its stream that one reservation could span.
+    let mut extent: Vec<(u64, u64)> = groups.iter().map(|(_, r)| (r[0].0, r.last().map_or(r[0].0, |&(s, l)| s + l))).collect();
+    let mut lowered: Vec<u64> = extent.iter().map(|e| e.0).collect();
+    for e in trace.iter().filter(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap)) {
+        let end = e.addr.saturating_add(e.size);
+        let inside = (0..groups.len()).find(|&g| groups[g].0 == e.stream && e.addr >= extent[g].0 && e.addr <= extent[g].1);
+        let g = inside.or_else(|| {
+            (0..groups.len())
+                .filter(|&g| groups[g].0 == e.stream && end.saturating_add(span) > extent[g].1 && e.addr < extent[g].0.saturating_add(span))
+                .min_by_key(|&g| if e.addr < extent[g].0 { extent[g].0 - e.addr } else { e.addr - extent[g].1 })
+        });
+        if let Some(g) = g {
+            extent[g].0 = extent[g].0.min(e.addr);
+            extent[g].1 = extent[g].1.max(end);
+            if e.addr < lowered[g] {
+                lowered[g] = e.addr;
+            }
+        }
+    }
     let mut pre: Vec<PreSegment> = Vec::new();
-    for (stream, ranges) in groups {
+    for (gi, (stream, ranges)) in groups.into_iter().enumerate() {
         let lo = ranges[0].0;
         let hi = ranges.last().map(|&(s, l)| s + l).unwrap_or(lo);
         let near = |a: u64| a.saturating_add(span) > hi && a < lo.saturating_add(span);
-        let hint = es_hints.iter().find(|h| h.1 == stream && near(h.0));
-        let (small, pool_id) = match hint {
-            Some(h) => (h.2, h.3),
-            None => {
-                // No final segment of it: small if a request served inside it was small.
-                let small = trace.iter().any(|e| {
-                    e.action == Action::Alloc && e.stream == stream && e.addr >= lo && e.addr < hi && config.round_size(e.size) <= K_SMALL_SIZE
-                });
-                (small, (0, 0))
-            }
-        };
+        let dist = |a: u64| if a < lo { lo - a } else { a.saturating_sub(hi) };
+        // Small or large pages: ranges that are not whole large pages are small pages; else the
+        // first request served inside; else the nearest final segment of the stream.
+        let large_page = config.large_segment_size;
+        let odd = ranges.iter().any(|&(s, l)| (s - lo) % large_page != 0 || l % large_page != 0);
+        let served = trace
+            .iter()
+            .find(|e| e.action == Action::Alloc && e.stream == stream && e.addr >= lo && e.addr < hi)
+            .map(|e| config.round_size(e.size) <= K_SMALL_SIZE);
+        let hint = es_hints.iter().filter(|h| h.1 == stream && near(h.0)).min_by_key(|h| dist(h.0));
+        let small = odd || served.or(hint.map(|h| h.2)).unwrap_or(false);
+        let pool_id = es_hints
+            .iter()
+            .filter(|h| h.1 == stream && h.2 == small && near(h.0))
+            .min_by_key(|h| dist(h.0))
+            .map_or((0, 0), |h| h.3);
         let page = if small { K_SMALL_BUFFER } else { config.large_segment_size };
-        let mut base = lo;
-        for e in trace {
-            if matches!(e.action, Action::SegmentMap | Action::SegmentUnmap)
-                && e.stream == stream
-                && e.addr < base
-                && near(e.addr)
-                && (lo - e.addr) % page == 0
-            {
-                base = e.addr;
-            }
-        }
+        let base = if (lo - lowered[gi]) % page == 0 { lowered[gi] } else { lo };
         let size = ranges.iter().map(|r| r.1).sum();
         pre.push(PreSegment { addr: base, size, stream, small, pool_id, expandable: true, mapped: ranges, blocks: Vec::new() });
     }
@@ -326,6 +356,16 @@ pub fn reconstruct(
         })
     };
     let list: Vec<(u64, Act)> = active.into_iter().collect();
+    // The first `alloc` at each address: the first allocation in the free block after a block
+    // of unknown size starts where that block ends.
+    let mut first_alloc: BTreeMap<u64, usize> = BTreeMap::new();
+    if list.iter().any(|(_, a)| a.size.is_none()) {
+        for (i, e) in trace.iter().enumerate() {
+            if e.action == Action::Alloc {
+                first_alloc.entry(e.addr).or_insert(i);
+            }
+        }
+    }
     let mut blocks = Vec::with_capacity(list.len());
     let mut owner = Vec::with_capacity(list.len());
     for (k, &(addr, a)) in list.iter().enumerate() {
@@ -338,8 +378,15 @@ pub fn reconstruct(
             Some(s) => return Err(format!("the block at {addr:#x} ({s} bytes) overlaps the next one at the start")),
             None => {
                 let r = config.round_size(a.requested);
+                // Not split when allocated: up to 1 MiB more, or (oversize) up to the rounding limit.
+                let slack = if r >= config.max_split_size { config.max_non_split_rounding_size } else { K_SMALL_SIZE };
+                let lo = addr.saturating_add(r);
+                let hi = addr.saturating_add(r).saturating_add(slack).min(next.saturating_sub(1));
+                let seen = if lo <= hi { first_alloc.range(lo..=hi).min_by_key(|x| *x.1).filter(|x| *x.1 < a.freed_at) } else { None };
                 let s = if seg.small || seg.expandable {
                     r
+                } else if let Some((&g, _)) = seen {
+                    g - addr
                 } else if room <= r.saturating_add(K_SMALL_SIZE)
                     || (r >= config.max_split_size && room < r.saturating_add(config.max_non_split_rounding_size))
                 {
@@ -355,7 +402,24 @@ pub fn reconstruct(
         }
         out.inferred_sizes += inferred as u32;
         owner.push(si);
-        blocks.push(PreBlock { addr, size, requested_size: a.requested, pending: a.pending, size_inferred: inferred });
+        let r = config.round_size(a.requested);
+        let slack = if seg.small || seg.expandable {
+            0
+        } else if r >= config.max_split_size {
+            config.max_non_split_rounding_size
+        } else {
+            K_SMALL_SIZE
+        };
+        blocks.push(PreBlock {
+            addr,
+            size,
+            requested_size: a.requested,
+            pending: a.pending,
+            size_inferred: inferred,
+            freed_at: (a.freed_at != usize::MAX).then_some(a.freed_at as u32),
+            room,
+            slack,
+        });
     }
     for (k, &si) in owner.iter().enumerate() {
         pre[si].blocks.push(k as u32);

@@ -10,6 +10,7 @@ use allocsim_model::Placement;
 use allocsim_trace::{Frame, Snapshot, SnapshotSegment, TraceEntry};
 
 use crate::program::{Op, Program};
+use crate::version::TorchVersion;
 use crate::replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, plausible_placements_from, recorded_placement_from, replay};
 
 /// What to replay, and how.
@@ -30,6 +31,8 @@ pub struct ReplaySpec<'a> {
     pub placements: Option<usize>,
     /// Which device's trace; default: the first with entries.
     pub device: Option<usize>,
+    /// The PyTorch release whose allocator rules apply (the snapshot does not record it).
+    pub torch_version: TorchVersion,
 }
 
 impl Default for ReplaySpec<'_> {
@@ -42,6 +45,7 @@ impl Default for ReplaySpec<'_> {
             addresses_from: None,
             placements: None,
             device: None,
+            torch_version: TorchVersion::DEFAULT,
         }
     }
 }
@@ -54,6 +58,12 @@ pub enum RunError {
     RecordedConfig { conf: String, err: allocsim_model::ConfigError },
     #[error("--config {conf:?}: {err}")]
     Config { conf: String, err: allocsim_model::ConfigError },
+    #[error("the snapshot's recorded PYTORCH_CUDA_ALLOC_CONF {conf:?} is not valid for PyTorch {version}: {err}")]
+    RecordedConfigFor { conf: String, err: allocsim_model::ConfigError, version: TorchVersion },
+    #[error("--config {conf:?} (PyTorch {version}): {err}")]
+    ConfigFor { conf: String, err: allocsim_model::ConfigError, version: TorchVersion },
+    #[error("{0}")]
+    Trace(#[from] crate::check::TraceCheckError),
 }
 
 /// Everything one replay computes.
@@ -90,9 +100,17 @@ impl Replayed {
 
 /// The settings the snapshot was recorded under.
 pub fn recorded_config(snap: &Snapshot) -> Result<AllocatorConfig, RunError> {
+    recorded_config_for(snap, TorchVersion::DEFAULT)
+}
+
+/// The settings the snapshot was recorded under, parsed as PyTorch `version` parses them.
+pub fn recorded_config_for(snap: &Snapshot, version: TorchVersion) -> Result<AllocatorConfig, RunError> {
     let s = &snap.settings;
     match &s.alloc_conf {
-        Some(conf) => AllocatorConfig::parse(conf).map_err(|err| RunError::RecordedConfig { conf: conf.clone(), err }),
+        Some(conf) if version == TorchVersion::DEFAULT => {
+            AllocatorConfig::parse(conf).map_err(|err| RunError::RecordedConfig { conf: conf.clone(), err })
+        }
+        Some(conf) => version.parse_config(conf).map_err(|err| RunError::RecordedConfigFor { conf: conf.clone(), err, version }),
         None => {
             // No settings string recorded: rebuild what matters from the recorded values.
             let mut c = AllocatorConfig::default();
@@ -141,6 +159,17 @@ pub struct Prepared {
 
 impl Prepared {
     pub fn new(snap: &Snapshot, device: Option<usize>, device_memory: u64, trace_capacity: Option<u64>) -> Result<Prepared, RunError> {
+        Prepared::new_for(snap, device, device_memory, trace_capacity, TorchVersion::DEFAULT)
+    }
+
+    /// [`Prepared::new`] under the rules of PyTorch `version`.
+    pub fn new_for(
+        snap: &Snapshot,
+        device: Option<usize>,
+        device_memory: u64,
+        trace_capacity: Option<u64>,
+        version: TorchVersion,
+    ) -> Result<Prepared, RunError> {
         let device = match device {
             Some(d) if d < snap.device_traces.len() => d,
             Some(d) => return Err(RunError::NoDevice(d, snap.device_traces.len())),
@@ -148,14 +177,16 @@ impl Prepared {
         };
         let trace = snap.device_traces.get(device).cloned().unwrap_or_default();
         let segments: Vec<_> = snap.segments.iter().filter(|s| s.device == device as i64).cloned().collect();
-        let own = recorded_config(snap)?;
-        let program = Program::build_with(&trace, &segments, &own, device_memory);
+        crate::check::check_trace(device, &trace, &segments)?;
+        let own = recorded_config_for(snap, version)?;
+        let mut program = Program::build_with(&trace, &segments, &own, device_memory);
         let opts = ReplayOptions {
             config: own.clone(),
             capacity: trace_capacity,
             device_memory,
             placement: recorded_placement_from(&trace, device_memory, program.initial.as_ref()),
         };
+        crate::settle::settle_block_sizes(&mut program, &trace, &opts, 32);
         let own_outcome = replay(&program, &opts, EmptyCacheCalls::Infer(&trace));
         Ok(Prepared {
             device,
@@ -207,15 +238,17 @@ impl Prepared {
 
 /// Replays one device of `snap` as `spec` asks.
 pub fn run(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Replayed, RunError> {
-    let own = recorded_config(snap)?;
+    let version = spec.torch_version;
+    let own = recorded_config_for(snap, version)?;
     let config = match &spec.config {
-        Some(c) => AllocatorConfig::parse(c).map_err(|err| RunError::Config { conf: c.clone(), err })?,
+        Some(c) if version == TorchVersion::DEFAULT => AllocatorConfig::parse(c).map_err(|err| RunError::Config { conf: c.clone(), err })?,
+        Some(c) => version.parse_config(c).map_err(|err| RunError::ConfigFor { conf: c.clone(), err, version })?,
         None => own.clone(),
     };
     // Where were the empty_cache() calls? Decided under the trace's own settings and addresses.
     let own_config = same_settings(&config, &own);
     let trace_capacity = spec.trace_capacity.or(if own_config { spec.capacity } else { None });
-    let prepared = Prepared::new(snap, spec.device, spec.device_memory, trace_capacity)?;
+    let prepared = Prepared::new_for(snap, spec.device, spec.device_memory, trace_capacity, version)?;
     let placement = match spec.addresses_from {
         Some(other) => recorded_placement_from(
             other.device_traces.get(prepared.device).map_or(&[], |v| v.as_slice()),

@@ -1,0 +1,405 @@
+//! PyTorch versions: the allocator rules that changed between 2.5 and 2.15
+//! (`shared/reference/allocator-spec.md` §13), selected with `--torch-version X.Y`.
+//!
+//! The model is PyTorch 2.11's; another version changes what differs in a way the model can
+//! express, all of it in the settings:
+//!
+//! | versions | rule |
+//! |---|---|
+//! | ≤ 2.9 | PyTorch's own CUDA parser: keys of that release only (2.5: no `max_non_split_rounding_mb`, no `pinned_use_background_threads`; ≤ 2.8: no `graph_capture_record_stream_reuse`), `max_split_size_mb` and `max_non_split_rounding_mb` must be **> 20**, numbers through `stoi`, only `' '` is stripped, `,`/`:` are checked, and the errors are `RuntimeError`s: `Unrecognized CachingAllocator option: X`, `CachingAllocator option max_split_size_mb too small, must be > 20`, `garbage_collect_threshold too small, set it 0.0~1.0` / `too big` |
+//! | ≤ 2.9 | `roundup_power2_divisions:[…,>:N]` fills from the last explicit interval **inclusive** (overwriting it) |
+//! | ≤ 2.5 | the oversize tolerance is the hard-coded `kLargeBuffer` (20 MiB): the same numbers as 2.6+'s default `max_non_split_rounding_mb`, which 2.5 does not accept |
+//! | 2.10 | 2.11's parsers without `large_segment_size_mb` (segments and the tolerance are 20 MiB) |
+//! | 2.12–2.15 | 2.11's rules; the later keys (`throw_on_cudamalloc_oom`, `pinned_free_catch_all`; 2.15: `pinned_max_round_threshold_mb`, `pinned_max_cached_size_mb`, `expandable_segments_reserve`, `expandable_segments_reserve_by_class`) are accepted and have no modelled effect |
+//!
+//! Not modelled, in any version: MemPool `use_on_oom` (2.8+; its place in the retry chain moved
+//! in 2.11), `no_split`, custom allocators (so the 2.7–2.9 MemPool + expandable segments error and
+//! the per-pool expandable-segments decision of 2.10+ make no difference),
+//! `throw_on_cudamalloc_oom`'s pre-emptive rejection (2.12+), `expandable_segments_reserve` (2.15),
+//! and the `PYTORCH_ALLOC_CONF` fallback (2.10+; allocsim takes the string, not the environment).
+//!
+//! A snapshot does not record the PyTorch version that wrote it; the default is 2.11.
+
+use std::fmt;
+
+use allocsim_model::constants::{K_LARGE_BUFFER, MIB, ROUNDUP_INTERVALS};
+use allocsim_model::{AllocatorConfig, ConfigError};
+
+/// A PyTorch release line (`major.minor`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TorchVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl TorchVersion {
+    pub const DEFAULT: TorchVersion = TorchVersion { major: 2, minor: 11 };
+    pub const OLDEST: TorchVersion = TorchVersion { major: 2, minor: 5 };
+    pub const NEWEST: TorchVersion = TorchVersion { major: 2, minor: 15 };
+
+    pub const fn new(major: u32, minor: u32) -> TorchVersion {
+        TorchVersion { major, minor }
+    }
+
+    /// `2.11`, `2.5.1`, `2.11.0+cu130`: the release line; the patch and local parts are ignored.
+    pub fn parse(s: &str) -> Result<TorchVersion, String> {
+        let core = s.trim().split(['+', '-']).next().unwrap_or("");
+        let mut it = core.split('.');
+        let num = |p: Option<&str>| p.and_then(|x| x.parse::<u32>().ok());
+        let (Some(major), Some(minor)) = (num(it.next()), num(it.next())) else {
+            return Err(format!("{s:?} is not a PyTorch version (expected MAJOR.MINOR, e.g. 2.11)"));
+        };
+        if it.next().is_some_and(|p| p.parse::<u32>().is_err()) {
+            return Err(format!("{s:?} is not a PyTorch version (expected MAJOR.MINOR, e.g. 2.11)"));
+        }
+        let v = TorchVersion { major, minor };
+        if v < Self::OLDEST || v > Self::NEWEST {
+            return Err(format!("PyTorch {v} is not modelled: allocsim knows the allocator rules of {} to {}", Self::OLDEST, Self::NEWEST));
+        }
+        Ok(v)
+    }
+
+    fn at_most(self, minor: u32) -> bool {
+        self <= TorchVersion::new(2, minor)
+    }
+
+    /// Parses a `PYTORCH_CUDA_ALLOC_CONF` string as this version's allocator does at process start.
+    pub fn parse_config(self, conf: &str) -> Result<AllocatorConfig, ConfigError> {
+        if self.at_most(9) {
+            return parse_legacy(self, conf);
+        }
+        let mut kept = Vec::new();
+        for item in top_level_items(conf) {
+            let key: String = item.split(':').next().unwrap_or("").chars().filter(|c| !c.is_ascii_whitespace()).collect();
+            if self == TorchVersion::new(2, 10) && key == "large_segment_size_mb" {
+                return Err(ConfigError(format!("Unrecognized key '{key}' in CUDA allocator config.")));
+            }
+            let later = match key.as_str() {
+                "throw_on_cudamalloc_oom" | "pinned_free_catch_all" => TorchVersion::new(2, 12),
+                "pinned_max_round_threshold_mb" | "pinned_max_cached_size_mb" | "expandable_segments_reserve" | "expandable_segments_reserve_by_class" => {
+                    TorchVersion::new(2, 15)
+                }
+                _ => TorchVersion::new(0, 0),
+            };
+            if later.major == 0 {
+                kept.push(item);
+            } else if self < later {
+                return Err(ConfigError(format!("Unrecognized key '{key}' in CUDA allocator config.")));
+            }
+        }
+        let mut c = AllocatorConfig::parse(&kept.join(","))?;
+        c.source = conf.to_string();
+        Ok(c)
+    }
+}
+
+impl fmt::Display for TorchVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+impl Default for TorchVersion {
+    fn default() -> Self {
+        TorchVersion::DEFAULT
+    }
+}
+
+/// The `key:value` items of a settings string, split at commas outside `[...]`.
+fn top_level_items(conf: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    for (i, c) in conf.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth <= 0 => {
+                out.push(&conf[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&conf[start..]);
+    out.retain(|s| !s.trim().is_empty());
+    out
+}
+
+fn rt(msg: impl Into<String>) -> ConfigError {
+    ConfigError(format!("RuntimeError: {}", msg.into()))
+}
+
+/// `std::stoi`: leading white space, a sign, digits; the rest is ignored; out of `int` range is
+/// `std::out_of_range`. Negative values are then converted to `size_t` (wrapping).
+fn stoi(s: &str) -> Result<i64, ConfigError> {
+    let t = s.trim_start();
+    let (neg, digits) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let n = digits.bytes().take_while(u8::is_ascii_digit).count();
+    if n == 0 {
+        return Err(ConfigError("ValueError: stoi".into()));
+    }
+    let v: i64 = digits[..n].parse().map_err(|_| ConfigError("IndexError: stoi".into()))?;
+    let v = if neg { -v } else { v };
+    if v < i32::MIN as i64 || v > i32::MAX as i64 {
+        return Err(ConfigError("IndexError: stoi".into()));
+    }
+    Ok(v)
+}
+
+fn stod(s: &str) -> Result<f64, ConfigError> {
+    let t = s.trim_start();
+    let n = t
+        .char_indices()
+        .take_while(|&(i, c)| c.is_ascii_digit() || c == '.' || ((c == '-' || c == '+') && i == 0) || c == 'e' || c == 'E')
+        .count();
+    let mut k = n;
+    while k > 0 {
+        if let Ok(v) = t[..k].parse::<f64>() {
+            return Ok(v);
+        }
+        k -= 1;
+    }
+    Err(ConfigError("ValueError: stod".into()))
+}
+
+/// `CUDAAllocatorConfig::parseArgs` of 2.5–2.9 (its own lexer and checks).
+fn parse_legacy(v: TorchVersion, conf: &str) -> Result<AllocatorConfig, ConfigError> {
+    let mut c = AllocatorConfig { source: conf.to_string(), ..AllocatorConfig::default() };
+    // lexArgs: `,` `:` `[` `]` are tokens; only ' ' is dropped.
+    let mut toks: Vec<String> = Vec::new();
+    let mut buf = String::new();
+    for ch in conf.chars() {
+        if matches!(ch, ',' | ':' | '[' | ']') {
+            if !buf.is_empty() {
+                toks.push(std::mem::take(&mut buf));
+            }
+            toks.push(ch.to_string());
+        } else if ch != ' ' {
+            buf.push(ch);
+        }
+    }
+    if !buf.is_empty() {
+        toks.push(buf);
+    }
+    let consume = |i: usize, t: &str| -> Result<(), ConfigError> {
+        if toks.get(i).map(String::as_str) == Some(t) {
+            Ok(())
+        } else {
+            Err(rt(format!("Error parsing CachingAllocator settings, expected {t}")))
+        }
+    };
+    let limit_mb = K_LARGE_BUFFER / MIB;
+    let mut i = 0;
+    while i < toks.len() {
+        let key = toks[i].as_str();
+        let known = match key {
+            "max_split_size_mb" | "garbage_collection_threshold" | "roundup_power2_divisions" | "backend" | "expandable_segments"
+            | "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" | "pinned_use_cuda_host_register" | "pinned_use_hip_host_register"
+            | "pinned_num_register_threads" => true,
+            "max_non_split_rounding_mb" | "pinned_use_background_threads" => !v.at_most(5),
+            "graph_capture_record_stream_reuse" => !v.at_most(8),
+            _ => false,
+        };
+        if !known {
+            return Err(rt(format!("Unrecognized CachingAllocator option: {key}")));
+        }
+        consume(i + 1, ":")?;
+        i += 2;
+        let val = toks.get(i).cloned().ok_or_else(|| rt(format!("Error, expecting {key} value")))?;
+        match key {
+            "max_split_size_mb" | "max_non_split_rounding_mb" => {
+                let mb = stoi(&val)? as u64;
+                if mb <= limit_mb {
+                    return Err(rt(format!("CachingAllocator option {key} too small, must be > {limit_mb}")));
+                }
+                let bytes = mb.min(u64::MAX / MIB) * MIB;
+                if key == "max_split_size_mb" {
+                    c.max_split_size = bytes;
+                } else {
+                    c.max_non_split_rounding_size = bytes;
+                }
+            }
+            "garbage_collection_threshold" => {
+                let g = stod(&val)?;
+                if g <= 0.0 {
+                    return Err(rt("garbage_collect_threshold too small, set it 0.0~1.0"));
+                }
+                if g >= 1.0 {
+                    return Err(rt("garbage_collect_threshold too big, set it 0.0~1.0"));
+                }
+                c.garbage_collection_threshold = g;
+            }
+            "roundup_power2_divisions" => i = parse_roundup_legacy(&mut c, &toks, i)?,
+            "backend" => {
+                if val != "native" && val != "cudaMallocAsync" {
+                    return Err(rt("Unknown allocator backend, options are native and cudaMallocAsync"));
+                }
+                c.backend_native = val == "native";
+            }
+            "pinned_num_register_threads" => {
+                let n = stoi(&val)? as u64;
+                if !n.is_power_of_two() {
+                    return Err(rt(format!("Number of register threads has to be power of 2 , got {n}")));
+                }
+                if n > 128 {
+                    return Err(rt(format!("Number of register threads should be less than or equal to 128, got {n}")));
+                }
+                c.pinned_num_register_threads = n;
+            }
+            _ => {
+                let b = match val.as_str() {
+                    "True" => true,
+                    "False" => false,
+                    _ => return Err(rt(format!("Expected a single True/False argument for {key}"))),
+                };
+                match key {
+                    "expandable_segments" => c.expandable_segments = b,
+                    "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" => c.release_lock_on_cudamalloc = b,
+                    "pinned_use_cuda_host_register" | "pinned_use_hip_host_register" => c.pinned_use_cuda_host_register = b,
+                    "pinned_use_background_threads" => c.pinned_use_background_threads = b,
+                    _ => c.graph_capture_record_stream_reuse = b,
+                }
+            }
+        }
+        if i + 1 < toks.len() {
+            consume(i + 1, ",")?;
+            i += 1;
+        }
+        i += 1;
+    }
+    Ok(c)
+}
+
+/// `parseRoundUpPower2Divisions` of ≤ 2.9: `>` fills from the last explicit interval inclusive.
+fn parse_roundup_legacy(c: &mut AllocatorConfig, toks: &[String], mut i: usize) -> Result<usize, ConfigError> {
+    let divs = &mut c.roundup_power2_divisions;
+    if toks[i] != "[" {
+        let v = stoi(&toks[i])? as u64;
+        if !v.is_power_of_two() {
+            return Err(rt("For roundups, the divisons has to be power of 2 "));
+        }
+        divs.fill(v);
+        return Ok(i);
+    }
+    let mut last_index = 0usize;
+    let mut first = true;
+    loop {
+        i += 1;
+        if i >= toks.len() {
+            return Err(rt("Error parsing roundup_power2_divisions value"));
+        }
+        if toks[i] == "]" {
+            break;
+        }
+        let key = toks[i].clone();
+        if toks.get(i + 1).map(String::as_str) != Some(":") {
+            return Err(rt("Error parsing CachingAllocator settings, expected :"));
+        }
+        i += 2;
+        let val = toks.get(i).ok_or_else(|| rt("Error parsing roundup_power2_divisions value"))?;
+        let v = stoi(val)? as u64;
+        if !(v == 0 || v.is_power_of_two()) {
+            return Err(rt("For roundups, the divisons has to be power of 2 or 0 to disable roundup "));
+        }
+        if key == ">" {
+            for d in divs.iter_mut().skip(last_index) {
+                *d = v;
+            }
+        } else {
+            let b = stoi(&key)? as u64;
+            if !b.is_power_of_two() {
+                return Err(rt("For roundups, the intervals have to be power of 2 "));
+            }
+            let index = (63 - b.leading_zeros() as usize).min(ROUNDUP_INTERVALS - 1);
+            if first {
+                divs[..index].fill(v);
+                first = false;
+            }
+            divs[index] = v;
+            last_index = index;
+        }
+        if toks.get(i + 1).map(String::as_str) != Some("]") {
+            if toks.get(i + 1).map(String::as_str) != Some(",") {
+                return Err(rt("Error parsing CachingAllocator settings, expected ,"));
+            }
+            i += 1;
+        }
+    }
+    Ok(i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(m: u32) -> TorchVersion {
+        TorchVersion::new(2, m)
+    }
+
+    #[test]
+    fn parses_versions() {
+        assert_eq!(TorchVersion::parse("2.11").unwrap(), v(11));
+        assert_eq!(TorchVersion::parse("2.5.1").unwrap(), v(5));
+        assert_eq!(TorchVersion::parse("2.11.0+cu130").unwrap(), v(11));
+        assert!(TorchVersion::parse("2.4").unwrap_err().contains("2.5 to 2.15"));
+        assert!(TorchVersion::parse("eleven").is_err());
+    }
+
+    #[test]
+    fn max_split_bound_moved_from_greater_to_at_least() {
+        assert_eq!(v(5).parse_config("max_split_size_mb:20").unwrap_err().0, "RuntimeError: CachingAllocator option max_split_size_mb too small, must be > 20");
+        assert_eq!(v(9).parse_config("max_split_size_mb:21").unwrap().max_split_size, 21 * MIB);
+        assert_eq!(v(10).parse_config("max_split_size_mb:20").unwrap().max_split_size, 20 * MIB);
+        assert_eq!(v(11).parse_config("max_split_size_mb:20").unwrap().max_split_size, 20 * MIB);
+    }
+
+    #[test]
+    fn key_sets() {
+        assert_eq!(v(5).parse_config("foo:1").unwrap_err().0, "RuntimeError: Unrecognized CachingAllocator option: foo");
+        assert_eq!(
+            v(5).parse_config("max_non_split_rounding_mb:64").unwrap_err().0,
+            "RuntimeError: Unrecognized CachingAllocator option: max_non_split_rounding_mb"
+        );
+        assert_eq!(v(6).parse_config("max_non_split_rounding_mb:64").unwrap().max_non_split_rounding_size, 64 * MIB);
+        assert!(v(8).parse_config("graph_capture_record_stream_reuse:True").is_err());
+        assert!(v(9).parse_config("graph_capture_record_stream_reuse:True").unwrap().graph_capture_record_stream_reuse);
+        assert_eq!(v(10).parse_config("large_segment_size_mb:40").unwrap_err().0, "Unrecognized key 'large_segment_size_mb' in CUDA allocator config.");
+        assert_eq!(v(11).parse_config("large_segment_size_mb:40").unwrap().large_segment_size, 40 * MIB);
+        assert!(v(11).parse_config("throw_on_cudamalloc_oom:True").is_err());
+        assert!(v(12).parse_config("throw_on_cudamalloc_oom:True,max_split_size_mb:64").unwrap().max_split_size == 64 * MIB);
+        assert!(v(12).parse_config("expandable_segments_reserve:0.5").is_err());
+        assert!(v(15).parse_config("expandable_segments_reserve:0.5,expandable_segments:True").unwrap().expandable_segments);
+        assert_eq!(v(11).parse_config("foo:1").unwrap_err().0, "Unrecognized key 'foo' in CUDA allocator config.");
+    }
+
+    #[test]
+    fn legacy_messages_and_lexing() {
+        assert_eq!(v(7).parse_config("garbage_collection_threshold:1.0").unwrap_err().0, "RuntimeError: garbage_collect_threshold too big, set it 0.0~1.0");
+        assert_eq!(v(7).parse_config("garbage_collection_threshold:0").unwrap_err().0, "RuntimeError: garbage_collect_threshold too small, set it 0.0~1.0");
+        assert_eq!(v(7).parse_config(" max_split_size_mb : 64 ").unwrap().max_split_size, 64 * MIB);
+        // Only ' ' is stripped before 2.10: a tab stays in the key.
+        assert!(v(7).parse_config("\tmax_split_size_mb:64").unwrap_err().0.starts_with("RuntimeError: Unrecognized CachingAllocator option"));
+        assert!(v(11).parse_config("\tmax_split_size_mb:64").is_ok());
+    }
+
+    #[test]
+    fn roundup_fill_from_last_index() {
+        // ≤ 2.9: `>` overwrites the last explicit interval; 2.10+: fills after it.
+        let old = v(9).parse_config("roundup_power2_divisions:[256:1,512:2,>:8]").unwrap().roundup_power2_divisions;
+        let new = v(10).parse_config("roundup_power2_divisions:[256:1,512:2,>:8]").unwrap().roundup_power2_divisions;
+        assert_eq!(&old[7..11], &[1, 1, 8, 8]);
+        assert_eq!(&new[7..11], &[1, 1, 2, 8]);
+        assert_eq!(v(5).parse_config("roundup_power2_divisions:4").unwrap().roundup_power2_divisions, [4; ROUNDUP_INTERVALS]);
+    }
+
+    #[test]
+    fn tolerance_numbers_are_the_same() {
+        for m in [5, 6, 9, 10, 11, 15] {
+            assert_eq!(v(m).parse_config("").unwrap().max_non_split_rounding_size, K_LARGE_BUFFER, "2.{m}");
+        }
+    }
+}
