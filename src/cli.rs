@@ -385,7 +385,7 @@ fn replay_one(args: &ReplayArgs, r: &Replayed, as_json: bool, all: &[Replayed]) 
         let n_oom = n - fits.len();
         let mut line = match (fits.iter().min(), fits.iter().max()) {
             (Some(lo), Some(hi)) if lo == hi => format!("peak reserved {} in every placement without OOM", format_size(*lo)),
-            (Some(lo), Some(hi)) => format!("peak reserved {}–{} depending on where the driver places segments", format_size(*lo), format_size(*hi)),
+            (Some(lo), Some(hi)) => format!("peak reserved {}–{} depending on where the driver places segments ({} sampled placements; a sample, not a bound)", format_size(*lo), format_size(*hi), n),
             _ => String::new(),
         };
         if n_oom > 0 {
