@@ -2,19 +2,17 @@
 
 use std::path::PathBuf;
 
-use allocsim_model::AllocatorConfig;
-use allocsim_model::constants::H200_TOTAL_MEMORY;
 use allocsim_model::format::format_size as fs;
-use allocsim_replay::Prepared;
 use allocsim_report::explain::{At, CANDIDATES, explain};
 
 use crate::cli::{UserError, load};
 use crate::size::parse_size;
+use crate::whatif_cmds::TraceArgs;
 
 #[derive(clap::Args)]
 pub struct ExplainArgs {
-    /// A snapshot (.pickle, .pickle.gz) or an allocsim .jsonl trace.
-    pub trace: PathBuf,
+    #[command(flatten)]
+    pub trace: TraceArgs,
     /// `oom` (the first OOM), a request number N (0-based, as in `replay --json`), or `peak`.
     #[arg(long, default_value = "oom")]
     pub at: String,
@@ -24,12 +22,6 @@ pub struct ExplainArgs {
     /// The allowed maximum (e.g. `2GiB`), as `set_per_process_memory_fraction` gives it.
     #[arg(long, value_parser = parse_size)]
     pub capacity: Option<u64>,
-    /// The allowed maximum the trace was recorded under (default: `--capacity` when replaying
-    /// under the trace's own settings).
-    #[arg(long, value_parser = parse_size)]
-    pub trace_capacity: Option<u64>,
-    #[arg(long, value_parser = parse_size, default_value_t = H200_TOTAL_MEMORY)]
-    pub device_memory: u64,
     /// Take new segments' addresses from this recorded run.
     #[arg(long)]
     pub addresses_from: Option<PathBuf>,
@@ -41,24 +33,11 @@ pub struct ExplainArgs {
 }
 
 pub fn cmd_explain(a: &ExplainArgs) -> Result<i32, UserError> {
-    let snap = load(&a.trace)?;
-    let own = allocsim_replay::recorded_config(&snap)?;
-    let config = match &a.config {
-        Some(c) => AllocatorConfig::parse(c).map_err(|e| UserError(format!("--config {c:?}: {e}")))?,
-        None => own.clone(),
-    };
-    let own_settings = {
-        let (mut x, mut y) = (config.clone(), own.clone());
-        x.source.clear();
-        y.source.clear();
-        x == y
-    };
-    let trace_capacity = a.trace_capacity.or(if own_settings { a.capacity } else { None });
-    let p = Prepared::new(&snap, None, a.device_memory, trace_capacity)?;
+    let (_, p, config) = a.trace.prepare_for(a.config.as_deref(), a.capacity)?;
     let placement = match &a.addresses_from {
         Some(path) => {
             let other = load(path)?;
-            allocsim_replay::recorded_placement(other.device_traces.get(p.device).map_or(&[], |v| v.as_slice()), a.device_memory)
+            allocsim_replay::recorded_placement(other.device_traces.get(p.device).map_or(&[], |v| v.as_slice()), a.trace.device_memory)
         }
         None => p.recorded_placement(),
     };
@@ -78,7 +57,7 @@ pub fn cmd_explain(a: &ExplainArgs) -> Result<i32, UserError> {
         } else {
             println!(
                 "{}: no request runs out of memory under {}{} — nothing to explain at `oom` (try --at peak or --at N)",
-                a.trace.display(),
+                a.trace.trace.display(),
                 if config.source.is_empty() { "the defaults" } else { &config.source },
                 a.capacity.map_or(String::new(), |c| format!(" with {} allowed", fs(c)))
             );

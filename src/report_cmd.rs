@@ -2,29 +2,22 @@
 
 use std::path::PathBuf;
 
-use allocsim_model::AllocatorConfig;
-use allocsim_model::constants::H200_TOTAL_MEMORY;
-use allocsim_replay::Prepared;
 use allocsim_report::html;
 
-use crate::cli::{UserError, load};
+use crate::cli::UserError;
 use crate::size::parse_size;
+use crate::whatif_cmds::{TraceArgs, parse_config};
 
 #[derive(clap::Args)]
 pub struct ReportArgs {
-    /// A snapshot (.pickle, .pickle.gz) or an allocsim .jsonl trace.
-    pub trace: PathBuf,
+    #[command(flatten)]
+    pub trace: TraceArgs,
     /// Settings to replay under; repeat to overlay several (default: the trace's own).
     #[arg(long)]
     pub config: Vec<String>,
     /// The allowed maximum (e.g. `24GiB`).
     #[arg(long, value_parser = parse_size)]
     pub capacity: Option<u64>,
-    /// The allowed maximum the trace was recorded under.
-    #[arg(long, value_parser = parse_size)]
-    pub trace_capacity: Option<u64>,
-    #[arg(long, value_parser = parse_size, default_value_t = H200_TOTAL_MEMORY)]
-    pub device_memory: u64,
     /// The HTML file to write.
     #[arg(short, long, default_value = "report.html")]
     pub output: PathBuf,
@@ -34,20 +27,18 @@ pub struct ReportArgs {
 }
 
 pub fn cmd_report(a: &ReportArgs) -> Result<i32, UserError> {
-    let snap = load(&a.trace)?;
-    let own = allocsim_replay::recorded_config(&snap)?;
+    // When the first config is the trace's own, --capacity is taken as the cap it was recorded under.
+    let (_, p, first) = a.trace.prepare_for(a.config.first().map(String::as_str), a.capacity)?;
     let mut configs = Vec::new();
     for c in &a.config {
         let label = if c.trim().is_empty() { "defaults".to_string() } else { c.clone() };
-        configs.push((label, AllocatorConfig::parse(c).map_err(|e| UserError(format!("--config {c:?}: {e}")))?));
+        configs.push((label, parse_config(c)?));
     }
     if configs.is_empty() {
-        let label = if own.source.is_empty() { "defaults (the trace's own)".to_string() } else { format!("{} (the trace's own)", own.source) };
-        configs.push((label, own.clone()));
+        let label = if first.source.is_empty() { "defaults (the trace's own)".to_string() } else { format!("{} (the trace's own)", first.source) };
+        configs.push((label, first));
     }
-    let trace_capacity = a.trace_capacity.or(if a.config.is_empty() { a.capacity } else { None });
-    let p = Prepared::new(&snap, None, a.device_memory, trace_capacity)?;
-    let title = a.trace.file_name().map_or("trace".to_string(), |f| f.to_string_lossy().to_string());
+    let title = a.trace.trace.file_name().map_or("trace".to_string(), |f| f.to_string_lossy().to_string());
     let report = html::build(&p, &title, &configs, a.capacity, &p.recorded_placement());
     let page = html::render(&report);
     std::fs::write(&a.output, &page).map_err(|e| UserError(format!("{}: {e}", a.output.display())))?;
@@ -69,19 +60,14 @@ pub fn cmd_report(a: &ReportArgs) -> Result<i32, UserError> {
 
 #[derive(clap::Args)]
 pub struct ExportArgs {
-    /// A snapshot (.pickle, .pickle.gz) or an allocsim .jsonl trace.
-    pub trace: PathBuf,
+    #[command(flatten)]
+    pub trace: TraceArgs,
     /// Settings to replay under (default: the trace's own).
     #[arg(long)]
     pub config: Option<String>,
     /// The allowed maximum (e.g. `24GiB`).
     #[arg(long, value_parser = parse_size)]
     pub capacity: Option<u64>,
-    /// The allowed maximum the trace was recorded under.
-    #[arg(long, value_parser = parse_size)]
-    pub trace_capacity: Option<u64>,
-    #[arg(long, value_parser = parse_size, default_value_t = H200_TOTAL_MEMORY)]
-    pub device_memory: u64,
     /// Where to write the simulated snapshot: `.pickle`, `.pickle.gz` (for memory_viz and
     /// `torch.cuda._memory_viz`) or `.jsonl`.
     #[arg(short, long)]
@@ -89,14 +75,7 @@ pub struct ExportArgs {
 }
 
 pub fn cmd_export(a: &ExportArgs) -> Result<i32, UserError> {
-    let snap = load(&a.trace)?;
-    let own = allocsim_replay::recorded_config(&snap)?;
-    let config = match &a.config {
-        Some(c) => AllocatorConfig::parse(c).map_err(|e| UserError(format!("--config {c:?}: {e}")))?,
-        None => own,
-    };
-    let trace_capacity = a.trace_capacity.or(if a.config.is_none() { a.capacity } else { None });
-    let p = Prepared::new(&snap, None, a.device_memory, trace_capacity)?;
+    let (_, p, config) = a.trace.prepare_for(a.config.as_deref(), a.capacity)?;
     let sim = allocsim_report::export::simulated_snapshot(&p, &config, a.capacity, &p.recorded_placement());
     allocsim_trace::write_trace(&sim, &a.output).map_err(|e| UserError(format!("{}: {e}", a.output.display())))?;
     let n: usize = sim.device_traces.iter().map(|t| t.len()).sum();

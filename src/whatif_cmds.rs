@@ -40,6 +40,32 @@ impl TraceArgs {
         let p = Prepared::new(&snap, self.device, self.device_memory, self.trace_capacity)?;
         Ok((snap, p))
     }
+
+    /// Loads and prepares the trace for a replay under `config` (default: the trace's own
+    /// settings) and `capacity`. Replaying under the trace's own settings, `--capacity` is also
+    /// taken as the cap it was recorded under unless `--trace-capacity` says otherwise.
+    pub fn prepare_for(&self, config: Option<&str>, capacity: Option<u64>) -> Result<(Snapshot, Prepared, AllocatorConfig), UserError> {
+        let snap = load(&self.trace)?;
+        let own = allocsim_replay::recorded_config(&snap)?;
+        let config = match config {
+            Some(c) => parse_config(c)?,
+            None => own.clone(),
+        };
+        let own_settings = {
+            let (mut x, mut y) = (config.clone(), own);
+            x.source.clear();
+            y.source.clear();
+            x == y
+        };
+        let trace_capacity = self.trace_capacity.or(if own_settings { capacity } else { None });
+        let p = Prepared::new(&snap, self.device, self.device_memory, trace_capacity)?;
+        Ok((snap, p, config))
+    }
+}
+
+/// `--config STR`, with PyTorch's error text.
+pub fn parse_config(c: &str) -> Result<AllocatorConfig, UserError> {
+    AllocatorConfig::parse(c).map_err(|e| UserError(format!("--config {c:?}: {e}")))
 }
 
 #[derive(clap::Args)]

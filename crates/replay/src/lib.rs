@@ -1,6 +1,7 @@
 //! allocsim-replay: turns trace events into allocator requests ([`program`]), replays them through
 //! the model ([`replay`]), answers one replay question end to end ([`run`]), and checks a replay
 //! against its recording ([`validate`]).
+pub mod live;
 pub mod oom;
 pub mod check;
 pub mod devices;

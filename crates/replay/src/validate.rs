@@ -108,14 +108,7 @@ fn compare_final_segments(r: &Replayed) -> Agreement {
                 .iter()
                 .map(|&id| {
                     let b = a.block(id);
-                    let st = if b.allocated {
-                        BlockState::ActiveAllocated
-                    } else if b.event_count > 0 {
-                        BlockState::ActivePendingFree
-                    } else {
-                        BlockState::Inactive
-                    };
-                    (b.size, st)
+                    (b.size, crate::live::block_state(b))
                 })
                 .collect();
             (s.address, s.total_size, blocks)

@@ -134,20 +134,7 @@ pub fn state_before(prepared: &Prepared, config: &AllocatorConfig, capacity: Opt
     let before = truncated(&prepared.program, k);
     let opts = ReplayOptions { config: config.clone(), capacity, device_memory: prepared.device_memory, placement: placement.clone() };
     let state = replay(&before, &opts, EmptyCacheCalls::Given(&prepared.empty_cache[..k]));
-    let mut live: HashMap<u32, u64> = HashMap::new();
-    for op in &before.ops {
-        match *op {
-            Op::Malloc(q) => {
-                if let Some(a) = state.addresses[q as usize] {
-                    live.insert(q, a);
-                }
-            }
-            Op::Free { req, .. } => {
-                live.remove(&req);
-            }
-            _ => {}
-        }
-    }
+    let live = allocsim_replay::live::live_requests(&before.ops, &state.addresses);
     State { allocator: state.allocator, live }
 }
 

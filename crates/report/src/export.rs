@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use allocsim_model::allocator::MempoolId;
 use allocsim_model::{AllocatorConfig, Placement, SimDevice};
+use allocsim_replay::live::{block_state, live_requests};
 use allocsim_replay::oom::device_free_estimate;
 use allocsim_replay::{Op, Prepared, ReplayOptions, replay_observed};
 use allocsim_trace::{Action, BlockState, RecordedSettings, Snapshot, SnapshotBlock, SnapshotSegment, TraceEntry};
@@ -96,24 +97,10 @@ pub fn simulated_snapshot(prepared: &Prepared, config: &AllocatorConfig, capacit
     }
     // Final segments with the model's blocks; live blocks keep their request's stack.
     let a = &outcome.allocator;
-    let mut live_stack: HashMap<u64, u32> = HashMap::new();
-    let mut live: HashMap<u32, u64> = HashMap::new();
-    for op in &prepared.program.ops {
-        match *op {
-            Op::Malloc(q) => {
-                if let Some(addr) = outcome.addresses[q as usize] {
-                    live.insert(q, addr);
-                }
-            }
-            Op::Free { req, .. } => {
-                live.remove(&req);
-            }
-            _ => {}
-        }
-    }
-    for (q, addr) in live {
-        live_stack.insert(addr, reqs[q as usize].stack);
-    }
+    let live_stack: HashMap<u64, u32> = live_requests(&prepared.program.ops, &outcome.addresses)
+        .into_iter()
+        .map(|(q, addr)| (addr, reqs[q as usize].stack))
+        .collect();
     let device = prepared.device as i64;
     let segments = a
         .segments()
@@ -123,13 +110,7 @@ pub fn simulated_snapshot(prepared: &Prepared, config: &AllocatorConfig, capacit
             let (mut allocated, mut active, mut requested) = (0, 0, 0);
             for &id in &s.blocks {
                 let b = a.block(id);
-                let state = if b.allocated {
-                    BlockState::ActiveAllocated
-                } else if b.event_count > 0 {
-                    BlockState::ActivePendingFree
-                } else {
-                    BlockState::Inactive
-                };
+                let state = block_state(b);
                 if b.allocated {
                     allocated += b.size;
                 }
