@@ -33,6 +33,15 @@
 //!   show for it (a map below it would have shown up), page-aligned relative to the true base.
 //! * A `free_completed` at the very start without its `free_requested` is a block freed with
 //!   pending cross-stream events (`active_pending_free` at the start).
+//! * A run of `segment_free`/`segment_unmap` at the very start (the tail of an `empty_cache()` or of
+//!   a `malloc`'s releases whose beginning was cut off) is replayed as exactly those releases.
+//! * `memory_stats()`: the restored state moves every statistic as its allocation would have,
+//!   then the accumulated counters are reset and the peaks set to the current values, as if
+//!   `torch.cuda.reset_accumulated_memory_stats()` and `reset_peak_memory_stats()` had been called
+//!   at the trace's first entry. So `*.current` values are exact, the `allocated`/`freed` counters
+//!   and `num_*` count from the trace's start, and peaks are the trace's own (the job's may have
+//!   been higher before it).
+//! * Garbage collection ages: a block free at the start is taken as freed at the start.
 
 use std::collections::BTreeMap;
 
@@ -276,7 +285,7 @@ pub fn reconstruct(
 
     // Expandable segments: group mapped ranges into reservations (per stream, within one
     // reservation's span of each other), then find each one's pool and base.
-    let span = device_memory.saturating_add(device_memory / 8).max(K_SMALL_BUFFER).div_ceil(K_SMALL_BUFFER) * K_SMALL_BUFFER;
+    let span = device_memory.min(1 << 60).saturating_add(device_memory.min(1 << 60) / 8).max(K_SMALL_BUFFER).div_ceil(K_SMALL_BUFFER) * K_SMALL_BUFFER;
     let mut groups: Vec<(u64, Vec<(u64, u64)>)> = Vec::new(); // (stream, ranges)
     for (&s, &(e, stream)) in &mapped {
         match groups.iter_mut().rev().find(|(st, r)| *st == stream && s < r[0].0.saturating_add(span)) {
