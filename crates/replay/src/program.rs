@@ -121,6 +121,8 @@ impl Program {
             // or from another moment), not in the trace: replay from empty without a note.
             Err(e) => p.reconstruct_error = starts_mid_history(trace).then_some(e),
         }
+        // Does the trace have cross-stream frees (a completion not right after its request)?
+        let cross_stream = has_cross_stream_frees(trace);
         let mut i = 0usize;
         while i < trace.len() {
             let e = &trace[i];
@@ -149,9 +151,17 @@ impl Program {
                 }
                 Action::FreeRequested => match live.remove(&e.addr) {
                     Some(req) => {
-                        let immediate = trace
+                        let completed_next = trace
                             .get(i + 1)
                             .is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
+                        // A completion right after the request is an ordinary free, unless the trace
+                        // has cross-stream frees, the completion came measurably later (inside a
+                        // later call: an ordinary free records both entries in the same call, 0–2 µs
+                        // apart) and a malloc's device calls follow: then it may be the next
+                        // malloc's OOM-retry synchronize completing a pending block, which the
+                        // replay decides (see `crate::replay::replay`).
+                        let later = completed_next && trace[i + 1].time_us - e.time_us >= SYNC_COMPLETION_MIN_US;
+                        let immediate = completed_next && !(cross_stream && later && malloc_device_calls_follow(trace, i + 2));
                         p.ops.push(match req {
                             Live::Req(req) => Op::Free { req, deferred: !immediate },
                             Live::Pre(pre) => Op::FreePre { pre, deferred: !immediate },
@@ -258,4 +268,27 @@ impl PrivateRanges {
         }
         Route::Default
     }
+}
+
+/// A completion this much later than its request (µs) may have been made by a later call.
+pub const SYNC_COMPLETION_MIN_US: i64 = 20;
+
+/// Whether any free in the trace completed later than it was requested (`record_stream`).
+fn has_cross_stream_frees(trace: &[TraceEntry]) -> bool {
+    trace.iter().enumerate().any(|(i, e)| {
+        e.action == Action::FreeRequested && trace.get(i + 1).is_none_or(|n| n.action != Action::FreeCompleted || n.addr != e.addr)
+    })
+}
+
+/// Whether entries from `i` on, past any further completions, are a malloc's device calls
+/// (segment frees, unmaps, allocations, maps) or an OOM: the entries a retry chain makes.
+fn malloc_device_calls_follow(trace: &[TraceEntry], i: usize) -> bool {
+    for e in &trace[i.min(trace.len())..] {
+        match e.action {
+            Action::FreeCompleted => continue,
+            Action::SegmentFree | Action::SegmentUnmap | Action::SegmentAlloc | Action::SegmentMap | Action::Oom => return true,
+            _ => return false,
+        }
+    }
+    false
 }

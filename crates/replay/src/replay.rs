@@ -18,7 +18,8 @@ pub struct ReplayOptions {
     pub placement: Placement,
 }
 
-/// Where the `empty_cache()` calls are: the trace does not record them.
+/// Where the `empty_cache()` calls are (the trace does not record them), and which cross-stream
+/// completions a malloc's own synchronize made (the trace shows them like any other).
 #[derive(Clone, Copy, Debug)]
 pub enum EmptyCacheCalls<'a> {
     /// Decide while replaying under the trace's own settings: a release run that the model's next
@@ -54,7 +55,8 @@ pub struct ReplayOutcome<D: Device = SimDevice> {
     pub stats: DeviceStats,
     pub segment_events: Vec<SegmentEvent>,
     pub ooms: Vec<Oom>,
-    /// One flag per op: an `empty_cache()` was applied there.
+    /// One flag per op: at a release run, an `empty_cache()` was applied there; at a completion,
+    /// it was held for the next malloc's synchronize.
     pub empty_cache: Vec<bool>,
     /// The address each request got (`None`: it ran out of memory).
     pub addresses: Vec<Option<u64>>,
@@ -86,17 +88,109 @@ fn action_name(k: EventKind) -> &'static str {
 /// Replays `program` under `opts` on a simulated device.
 pub fn replay(program: &Program, opts: &ReplayOptions, empty_cache: EmptyCacheCalls<'_>) -> ReplayOutcome {
     let device = SimDevice::new(opts.device_memory, opts.placement.clone());
+    // The next malloc (op index) whose own release chain the ops before it belong to.
+    let mut inside_malloc: Option<usize> = None;
     replay_on(program, opts, device, |alloc, oi| match empty_cache {
         EmptyCacheCalls::Given(f) => f.get(oi).copied().unwrap_or(false),
         EmptyCacheCalls::Infer(trace) => {
-            let Op::ReleaseRun { start, end } = program.ops[oi] else { return false };
-            !next_malloc_makes(alloc, program, program.ops.get(oi + 1), &trace[start as usize..end as usize])
+            let Some(m) = next_malloc(program, oi) else {
+                // No malloc follows: a release run is an empty_cache(); a completion is just that.
+                return matches!(program.ops[oi], Op::ReleaseRun { .. });
+            };
+            if inside_malloc == Some(m) {
+                // An earlier release run or completion before this malloc was its own: so is this.
+                return !matches!(program.ops[oi], Op::ReleaseRun { .. });
+            }
+            match program.ops[oi] {
+                Op::ReleaseRun { .. } => {
+                    let recorded: Vec<&TraceEntry> = program.ops[oi..m]
+                        .iter()
+                        .filter_map(|op| match *op {
+                            Op::ReleaseRun { start, end } => Some(&trace[start as usize..end as usize]),
+                            _ => None,
+                        })
+                        .flatten()
+                        .collect();
+                    let produced = next_malloc_makes(alloc, program, m, &recorded);
+                    if produced {
+                        inside_malloc = Some(m);
+                    }
+                    !produced
+                }
+                Op::Complete(_) | Op::CompletePre(_) => {
+                    let inside = completed_by_next_malloc(alloc, program, m, trace);
+                    if inside {
+                        inside_malloc = Some(m);
+                    }
+                    inside
+                }
+                _ => false,
+            }
         }
     })
 }
 
+/// The op index of the next malloc after `oi`, if only completions and release runs come between
+/// (the entries a malloc's retry chain can emit before its own `alloc`).
+fn next_malloc(program: &Program, oi: usize) -> Option<usize> {
+    for (i, op) in program.ops.iter().enumerate().skip(oi + 1) {
+        match op {
+            Op::Malloc(_) => return Some(i),
+            Op::Complete(_) | Op::CompletePre(_) | Op::ReleaseRun { .. } => {}
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// Were these cross-stream completions made by the next malloc's own `synchronize_and_free_events`
+/// (its OOM retry), rather than by `process_events` before it? The trace shows both the same way:
+/// `free_completed` entries before the request's `alloc`. Only with an allowed maximum can the
+/// first `alloc_block` fail; then the malloc is tried with the blocks still pending, and if it
+/// synchronizes and reproduces the recorded segment events and address, the completions were its own.
+fn completed_by_next_malloc(alloc: &CachingAllocator<SimDevice>, program: &Program, m: usize, trace: &[TraceEntry]) -> bool {
+    if alloc.allowed_memory_maximum.is_none() {
+        return false;
+    }
+    let Op::Malloc(req) = program.ops[m] else { return false };
+    let r = &program.requests[req as usize];
+    let mut trial = alloc.clone();
+    trial.events.clear();
+    let syncs = trial.stats.num_sync_all_streams;
+    let result = trial.malloc(r.size, r.stream, r.route);
+    if trial.stats.num_sync_all_streams == syncs {
+        return false;
+    }
+    let served_as_recorded = match result {
+        Ok(b) => !r.recorded_oom && trial.block(b).ptr == r.recorded_addr,
+        Err(_) => r.recorded_oom,
+    };
+    // The recorded segment entries of this malloc: those right before its alloc/oom entry.
+    let mut recorded: Vec<(EventKind, u64, u64)> = Vec::new();
+    let mut i = r.trace_index as usize;
+    while i > 0 {
+        i -= 1;
+        let e = &trace[i];
+        let kind = match e.action {
+            Action::SegmentAlloc => EventKind::SegmentAlloc,
+            Action::SegmentFree => EventKind::SegmentFree,
+            Action::SegmentMap => EventKind::SegmentMap,
+            Action::SegmentUnmap => EventKind::SegmentUnmap,
+            Action::FreeCompleted => continue,
+            _ => break,
+        };
+        recorded.push((kind, e.addr, e.size));
+    }
+    recorded.reverse();
+    let made: Vec<(EventKind, u64, u64)> =
+        trial.events.iter().filter(|e| e.kind != EventKind::Oom).map(|e| (e.kind, e.addr, e.size)).collect();
+    served_as_recorded && made == recorded
+}
+
 /// Replays `program` under `opts` on `device` (a simulated or a real one). At each release run,
-/// `is_empty_cache(allocator, op index)` says whether it was an `empty_cache()` call. (Inferring
+/// `is_empty_cache(allocator, op index)` says whether it was an `empty_cache()` call; at each
+/// cross-stream completion, whether the next malloc's own synchronize made it (the completion is
+/// then held until that malloc). (Inferring
 /// that tries the next malloc on a clone of the allocator, which only a simulated device allows;
 /// a real device replays the calls a simulated replay inferred.)
 pub fn replay_on<D: Device>(
@@ -135,6 +229,8 @@ pub fn replay_observed<D: Device>(
     let mut pre_blocks: Vec<Option<BlockId>> = vec![None; npre];
     let mut pre_tokens: Vec<Option<u64>> = vec![None; npre];
     let mut restore_failures = Vec::new();
+    // Cross-stream completions that the next malloc's synchronize made.
+    let mut held: Vec<u64> = Vec::new();
     if let Some(init) = &program.initial {
         restore_failures = restore(&mut alloc, init, &mut pre_blocks, &mut pre_tokens);
         // Counters count from the trace's start; peaks are the window's (see `crate::restore`).
@@ -168,6 +264,10 @@ pub fn replay_observed<D: Device>(
                 }
                 drain(&mut alloc, &mut segment_events, req);
                 next_request = req + 1;
+                // Completions held for this malloc's synchronize happened by its end at the latest.
+                for t in held.drain(..) {
+                    alloc.complete_free(t);
+                }
             }
             Op::Free { req, deferred } => {
                 if let Some(b) = blocks[req as usize].take() {
@@ -176,7 +276,13 @@ pub fn replay_observed<D: Device>(
             }
             Op::Complete(req) => {
                 if let Some(t) = tokens[req as usize].take() {
-                    alloc.complete_free(t);
+                    if is_empty_cache(&alloc, oi) {
+                        // Completed by the next malloc's own synchronize (see `replay`).
+                        flags[oi] = true;
+                        held.push(t);
+                    } else {
+                        alloc.complete_free(t);
+                    }
                 }
             }
             Op::ReleaseRun { .. } => {
@@ -193,7 +299,12 @@ pub fn replay_observed<D: Device>(
             }
             Op::CompletePre(pre) => {
                 if let Some(t) = pre_tokens[pre as usize].take() {
-                    alloc.complete_free(t);
+                    if is_empty_cache(&alloc, oi) {
+                        flags[oi] = true;
+                        held.push(t);
+                    } else {
+                        alloc.complete_free(t);
+                    }
                 }
             }
             Op::ForcedRelease { addr, unmap } => {
@@ -205,6 +316,9 @@ pub fn replay_observed<D: Device>(
                 drain(&mut alloc, &mut segment_events, next_request);
             }
         }
+    }
+    for t in held.drain(..) {
+        alloc.complete_free(t);
     }
     if !program.ops.is_empty() {
         observe(&alloc, program.ops.len() - 1);
@@ -268,8 +382,9 @@ fn restore<D: Device>(
 }
 
 /// Would the next op, a `malloc`, release exactly the recorded segments itself?
-fn next_malloc_makes(alloc: &CachingAllocator<SimDevice>, program: &Program, next: Option<&Op>, recorded: &[TraceEntry]) -> bool {
-    let Some(&Op::Malloc(req)) = next else { return false };
+/// Would malloc `m` release exactly the recorded segments itself (in its retry chain)?
+fn next_malloc_makes(alloc: &CachingAllocator<SimDevice>, program: &Program, m: usize, recorded: &[&TraceEntry]) -> bool {
+    let Op::Malloc(req) = program.ops[m] else { return false };
     let r = &program.requests[req as usize];
     let mut trial = alloc.clone();
     let _ = trial.malloc(r.size, r.stream, r.route);

@@ -90,7 +90,7 @@ impl Replayed {
         for (op, &f) in self.program.ops.iter().zip(&self.outcome.empty_cache) {
             match *op {
                 Op::Malloc(r) => next = r + 1,
-                _ if f => out.push(next),
+                Op::ReleaseRun { .. } if f => out.push(next),
                 _ => {}
             }
         }
