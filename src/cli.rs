@@ -92,6 +92,9 @@ enum Command {
     Fit(crate::whatif_cmds::FitArgs),
     /// Two runs of the same requests side by side: where reserved memory diverges, and why.
     Compare(crate::whatif_cmds::CompareArgs),
+    /// Generate a seeded synthetic snapshot (training steps, variable-length batches, KV-cache
+    /// growth, random) of any length, for scale tests; `-o trace.jsonl` streams in constant memory.
+    Synth(crate::synth_cmd::SynthArgs),
     /// Convert a trace between formats: `-o trace.jsonl` (allocsim's JSON Lines) or
     /// `-o snapshot.pickle` / `.pickle.gz` (a torch 2.11 snapshot pickle); `.gz` gzips.
     Convert {
@@ -123,6 +126,7 @@ pub fn main() -> i32 {
         Command::Sweep(a) => crate::whatif_cmds::cmd_sweep(&a),
         Command::Fit(a) => crate::whatif_cmds::cmd_fit(&a),
         Command::Compare(a) => crate::whatif_cmds::cmd_compare(&a),
+        Command::Synth(a) => crate::synth_cmd::cmd_synth(&a),
     };
     match r {
         Ok(code) => code,
@@ -141,39 +145,30 @@ pub(crate) fn load(path: &Path) -> Result<Snapshot, UserError> {
     })
 }
 
-fn run_replay(args: &ReplayArgs) -> Result<Replayed, UserError> {
-    let snap = load(&args.trace)?;
-    let other = args.addresses_from.as_deref().map(load).transpose()?;
-    let spec = ReplaySpec {
-        config: args.config.clone(),
-        capacity: args.capacity,
-        device_memory: args.device_memory,
-        trace_capacity: args.trace_capacity,
-        addresses_from: other.as_ref(),
-        placements: args.placements,
-        device: args.device,
-        torch_version: args.torch_version,
-    };
-    Ok(allocsim_replay::run(&snap, &spec)?)
+impl ReplayArgs {
+    /// The replay question these arguments ask (`other`: the loaded `--addresses-from` run).
+    fn spec<'a>(&self, other: Option<&'a Snapshot>) -> ReplaySpec<'a> {
+        ReplaySpec {
+            config: self.config.clone(),
+            capacity: self.capacity,
+            device_memory: self.device_memory,
+            trace_capacity: self.trace_capacity,
+            addresses_from: other,
+            placements: self.placements,
+            device: self.device,
+            torch_version: self.torch_version,
+        }
+    }
 }
 
 /// `--device N`: that device; else every device with entries (in device order).
 fn run_replays(args: &ReplayArgs) -> Result<Vec<Replayed>, UserError> {
-    if args.device.is_some() {
-        return Ok(vec![run_replay(args)?]);
-    }
     let snap = load(&args.trace)?;
     let other = args.addresses_from.as_deref().map(load).transpose()?;
-    let spec = ReplaySpec {
-        config: args.config.clone(),
-        capacity: args.capacity,
-        device_memory: args.device_memory,
-        trace_capacity: args.trace_capacity,
-        addresses_from: other.as_ref(),
-        placements: args.placements,
-        device: None,
-        torch_version: args.torch_version,
-    };
+    let spec = args.spec(other.as_ref());
+    if args.device.is_some() {
+        return Ok(vec![allocsim_replay::run(&snap, &spec)?]);
+    }
     Ok(allocsim_replay::devices::run_devices(&snap, &spec)?)
 }
 
@@ -463,7 +458,9 @@ fn cmd_replay_cuda(_: &ReplayArgs, _: bool) -> Result<i32, UserError> {
 /// same calls. Exit status 1 if any segment event's measured memory differs from the model's.
 #[cfg(feature = "cuda")]
 fn cmd_replay_cuda(args: &ReplayArgs, as_json: bool) -> Result<i32, UserError> {
-    let r = run_replay(args)?;
+    let snap = load(&args.trace)?;
+    let other = args.addresses_from.as_deref().map(load).transpose()?;
+    let r = allocsim_replay::run(&snap, &args.spec(other.as_ref()))?;
     let gpu = allocsim_cuda::replay_on_gpu(&r.program, &r.options, &r.outcome.empty_cache, 0)?;
     // Real addresses differ from the simulated ones; without expandable segments best fit breaks
     // ties by address, so the GPU replay's decisions can differ from the simulated replay's.

@@ -4,6 +4,7 @@ mod cli;
 mod explain_cmd;
 mod report_cmd;
 mod size;
+mod synth_cmd;
 mod whatif_cmds;
 
 fn main() {
