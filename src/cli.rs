@@ -283,7 +283,7 @@ fn replay_one(args: &ReplayArgs, r: &Replayed, as_json: bool, all: &[Replayed]) 
             "requests": r.program.requests.len(),
             "stats": o.stats.to_memory_stats(),
             "segment_events": o.segment_events,
-            "ooms": o.ooms.iter().map(|x| oom_json(&r, x)).collect::<Vec<_>>(),
+            "ooms": o.ooms.iter().map(|x| oom_json(r, x)).collect::<Vec<_>>(),
             "first_oom": o.first_oom(),
             "empty_cache_calls": r.empty_cache_requests(),
             "unknown_frees": r.program.unknown_frees,
@@ -367,7 +367,7 @@ fn replay_one(args: &ReplayArgs, r: &Replayed, as_json: bool, all: &[Replayed]) 
                 req.stream,
                 if req.recorded_oom { ", an OOM in the trace too" } else { "" }
             );
-            println!("    {}", message(&r, first));
+            println!("    {}", message(r, first));
             let rest: Vec<String> = o.ooms.iter().skip(1).take(8).map(|x| x.request.to_string()).collect();
             if !rest.is_empty() {
                 println!("    later OOMs at requests {}{}", rest.join(", "), if o.ooms.len() > 9 { ", ..." } else { "" });

@@ -46,11 +46,10 @@ pub fn cmd_explain(a: &ExplainArgs) -> Result<i32, UserError> {
         "peak" => At::Peak,
         n => At::Request(n.parse().map_err(|_| UserError(format!("--at {n:?}: expected oom, peak or a request number")))?),
     };
-    if let At::Request(n) = at {
-        if n as usize >= p.program.requests.len() {
+    if let At::Request(n) = at
+        && n as usize >= p.program.requests.len() {
             return Err(UserError(format!("--at {n}: the trace has {} requests (0 to {})", p.program.requests.len(), p.program.requests.len().saturating_sub(1))));
         }
-    }
     let Some(x) = explain(&p, &config, a.capacity, &placement, at, CANDIDATES) else {
         if a.json {
             println!("{}", serde_json::json!({"explanation": null, "reason": "no OOM"}));

@@ -20,11 +20,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     if num.is_empty() {
         return Err(format!("no number in size {s:?}"));
     }
-    if unit.is_empty() || mult == 1.0 {
-        if let Ok(v) = num.parse::<u64>() {
+    if (unit.is_empty() || mult == 1.0)
+        && let Ok(v) = num.parse::<u64>() {
             return Ok(v);
         }
-    }
     let v: f64 = num.parse().map_err(|_| format!("bad number in size {s:?}"))?;
     let bytes = v * mult;
     if !(0.0..1.8e19).contains(&bytes) {

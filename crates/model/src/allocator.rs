@@ -707,15 +707,14 @@ impl<D: Device> CachingAllocator<D> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
-        if let Some(allowed) = self.allowed_memory_maximum {
-            if self.total_allocated_memory + size > allowed {
+        if let Some(allowed) = self.allowed_memory_maximum
+            && self.total_allocated_memory + size > allowed {
                 if self.record_steps {
                     let result = Err(AllocFailure::OverLimit { total_allocated: self.total_allocated_memory, alloc_size: size, allowed });
                     self.steps.push(MallocStep::AllocBlock { is_retry, result });
                 }
                 return false;
             }
-        }
         let ok = self.alloc_block_inner(p);
         if self.record_steps {
             let result = if ok {

@@ -78,7 +78,7 @@ impl AllocatorConfig {
     /// `roundup_power2_divisions(size)`: the divisions of the interval `size` falls in.
     pub fn roundup_power2_divisions_for(&self, size: u64) -> u64 {
         let log = 63 - size.max(1).leading_zeros() as u64;
-        let index = if log > 20 { log - 20 } else { 0 };
+        let index = log.saturating_sub(20);
         self.roundup_power2_divisions[index.min(ROUNDUP_INTERVALS as u64 - 1) as usize]
     }
 

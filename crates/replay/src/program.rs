@@ -130,11 +130,10 @@ impl Program {
                 Action::Alloc | Action::Oom => {
                     let req = p.requests.len() as u32;
                     let route = if e.action == Action::Alloc { private.route(e.addr, e.stream, i) } else { Route::Default };
-                    if let Route::Private(id) = route {
-                        if !p.private_pools.contains(&id) {
+                    if let Route::Private(id) = route
+                        && !p.private_pools.contains(&id) {
                             p.private_pools.push(id);
                         }
-                    }
                     p.requests.push(Request {
                         size: e.size,
                         stream: e.stream,

@@ -164,23 +164,20 @@ fn unmap_range(m: &mut Mapped, a: u64, len: u64) -> bool {
 fn map_range(m: &mut Mapped, a: u64, len: u64, stream: u64) -> bool {
     let mut start = a;
     let mut end = a.saturating_add(len);
-    if let Some((_, &(e, _))) = m.range(..end).next_back() {
-        if e > a {
+    if let Some((_, &(e, _))) = m.range(..end).next_back()
+        && e > a {
             return false; // overlaps a mapped range
         }
-    }
-    if let Some((&s, &(e, st))) = m.range(..=a).next_back() {
-        if e == a && st == stream {
+    if let Some((&s, &(e, st))) = m.range(..=a).next_back()
+        && e == a && st == stream {
             m.remove(&s);
             start = s;
         }
-    }
-    if let Some(&(e, st)) = m.get(&end) {
-        if st == stream {
+    if let Some(&(e, st)) = m.get(&end)
+        && st == stream {
             m.remove(&end);
             end = e;
         }
-    }
     m.insert(start, (end, stream));
     true
 }
@@ -336,7 +333,7 @@ pub fn reconstruct(
             .min_by_key(|h| dist(h.0))
             .map_or((0, 0), |h| h.3);
         let page = if small { K_SMALL_BUFFER } else { config.large_segment_size };
-        let base = if (lo - lowered[gi]) % page == 0 { lowered[gi] } else { lo };
+        let base = if (lo - lowered[gi]).is_multiple_of(page) { lowered[gi] } else { lo };
         let size = ranges.iter().map(|r| r.1).sum();
         pre.push(PreSegment { addr: base, size, stream, small, pool_id, expandable: true, mapped: ranges, blocks: Vec::new() });
     }

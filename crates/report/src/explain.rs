@@ -179,11 +179,10 @@ pub fn explain(
     let steps = std::mem::take(&mut alloc.steps);
     alloc.record_steps = false;
     let oom = result.as_ref().err().cloned();
-    if let Ok(b) = result {
-        if include {
+    if let Ok(b) = result
+        && include {
             live.insert(req, alloc.block(b).ptr);
         }
-    }
     let by_ptr: HashMap<u64, u32> = live.iter().map(|(&q, &a)| (a, q)).collect();
     let free = breakdown(&alloc);
     let rounded = config.round_size(r.size);

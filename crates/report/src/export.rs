@@ -84,12 +84,11 @@ pub fn simulated_snapshot(prepared: &Prepared, config: &AllocatorConfig, capacit
                     }
                 }
             }
-            Op::Complete(req) => {
-                if deferred.remove(&req).is_some() {
+            Op::Complete(req)
+                if deferred.remove(&req).is_some() => {
                     let q = &reqs[req as usize];
                     trace.push(entry(Action::FreeCompleted, outcome.addresses[req as usize].unwrap(), q.size, q.stream, time, q.stack));
                 }
-            }
             // Release runs made only the segment events written above; frees of blocks from before
             // a truncated trace are not written (their allocation is not in the trace either).
             _ => {}

@@ -69,11 +69,10 @@ pub fn build(prepared: &Prepared, title: &str, configs: &[(String, AllocatorConf
                 segment_map(prepared, &first.config, capacity, placement, k + 1),
             ));
         }
-        if let Some(o) = first.outcome.first_oom() {
-            if let Some(k) = op_index_of_malloc(&prepared.program, o) {
+        if let Some(o) = first.outcome.first_oom()
+            && let Some(k) = op_index_of_malloc(&prepared.program, o) {
                 maps.push((format!("Segments when request {o} ran out of memory — {}", first.label), segment_map(prepared, &first.config, capacity, placement, k)));
             }
-        }
     }
     for run in &runs {
         if let Some(o) = run.outcome.ooms.first() {

@@ -54,7 +54,7 @@ pub fn record(prepared: &Prepared, config: &AllocatorConfig, capacity: Option<u6
             s.active[i] = s.active[i].max(ac);
             s.reserved[i] = s.reserved[i].max(re);
         }
-        if r as usize % frag_every == 0 {
+        if (r as usize).is_multiple_of(frag_every) {
             let fb = breakdown(a);
             f.request.push(r);
             f.unallocated.push(fb.unallocated());
