@@ -281,6 +281,33 @@ impl<D: Device> CachingAllocator<D> {
         self.free_slots.push(id);
     }
 
+    /// A new free block of `size` bytes at `ptr` in `like`'s segment (same stream, pool and
+    /// expandable segment), linked between `before` and `after`: PyTorch's `new Block(...)` followed
+    /// by `Block::splice(before, after)`.
+    fn new_block_between(&mut self, like: &Block, ptr: u64, size: u64, mapped: bool, before: BlockId, after: BlockId) -> BlockId {
+        let id = self.new_block(Block {
+            stream: like.stream,
+            size,
+            requested_size: 0,
+            pool: like.pool,
+            ptr,
+            allocated: false,
+            mapped,
+            prev: before,
+            next: after,
+            event_count: 0,
+            gc_count_base: 0,
+            expandable_segment: like.expandable_segment,
+        });
+        if before != NIL {
+            self.bm(before).next = id;
+        }
+        if after != NIL {
+            self.bm(after).prev = id;
+        }
+        id
+    }
+
     #[inline]
     fn b(&self, id: BlockId) -> &Block {
         &self.blocks[id as usize]
@@ -528,26 +555,9 @@ impl<D: Device> CachingAllocator<D> {
         if split_remainder {
             let remaining = block;
             let r = self.b(remaining).clone();
-            block = self.new_block(Block {
-                stream: p.stream,
-                size,
-                requested_size: 0,
-                pool: p.pool,
-                ptr: r.ptr,
-                allocated: false,
-                mapped: true,
-                prev: r.prev,
-                next: remaining,
-                event_count: 0,
-                gc_count_base: 0,
-                expandable_segment: r.expandable_segment,
-            });
-            if r.prev != NIL {
-                self.bm(r.prev).next = block;
-            }
+            block = self.new_block_between(&r, r.ptr, size, true, r.prev, remaining);
             {
                 let rm = self.bm(remaining);
-                rm.prev = block;
                 rm.ptr += size;
                 rm.size -= size;
             }
@@ -1001,24 +1011,7 @@ impl<D: Device> CachingAllocator<D> {
         self.unmapped_erase(to_map);
         self.bm(to_map).mapped = true;
         if mapped_size < b.size {
-            let remaining = self.new_block(Block {
-                stream: b.stream,
-                size: b.size - mapped_size,
-                requested_size: 0,
-                pool: b.pool,
-                ptr: b.ptr + mapped_size,
-                allocated: false,
-                mapped: false,
-                prev: to_map,
-                next: b.next,
-                event_count: 0,
-                gc_count_base: 0,
-                expandable_segment: b.expandable_segment,
-            });
-            if b.next != NIL {
-                self.bm(b.next).prev = remaining;
-            }
-            self.bm(to_map).next = remaining;
+            let remaining = self.new_block_between(&b, b.ptr + mapped_size, b.size - mapped_size, false, to_map, b.next);
             self.unmapped_insert(remaining);
             self.bm(to_map).size = mapped_size;
         }
@@ -1076,47 +1069,13 @@ impl<D: Device> CachingAllocator<D> {
         self.erase_from_blocks(id);
         let before_size = unmapped_ptr - b.ptr;
         if before_size > 0 {
-            let before = self.new_block(Block {
-                stream: b.stream,
-                size: before_size,
-                requested_size: 0,
-                pool: b.pool,
-                ptr: b.ptr,
-                allocated: false,
-                mapped: true,
-                prev: b.prev,
-                next: id,
-                event_count: 0,
-                gc_count_base: 0,
-                expandable_segment: b.expandable_segment,
-            });
-            if b.prev != NIL {
-                self.bm(b.prev).next = before;
-            }
-            self.bm(id).prev = before;
+            let before = self.new_block_between(&b, b.ptr, before_size, true, b.prev, id);
             self.insert_into_blocks(before);
         }
         let after_size = b.size - (before_size + unmapped_size);
         if after_size > 0 {
             let next = self.b(id).next;
-            let after = self.new_block(Block {
-                stream: b.stream,
-                size: after_size,
-                requested_size: 0,
-                pool: b.pool,
-                ptr: unmapped_ptr + unmapped_size,
-                allocated: false,
-                mapped: true,
-                prev: id,
-                next,
-                event_count: 0,
-                gc_count_base: 0,
-                expandable_segment: b.expandable_segment,
-            });
-            if next != NIL {
-                self.bm(next).prev = after;
-            }
-            self.bm(id).next = after;
+            let after = self.new_block_between(&b, unmapped_ptr + unmapped_size, after_size, true, id, next);
             self.insert_into_blocks(after);
         }
         {
