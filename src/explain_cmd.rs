@@ -96,6 +96,9 @@ pub fn cmd_explain(a: &ExplainArgs) -> Result<i32, UserError> {
         Some(m) => {
             println!("  → out of memory. PyTorch says (without NVML's per-process sentence, which a trace cannot show):");
             println!("    {m}");
+            if config.expandable_segments {
+                println!("    (its hint to set expandable_segments:True does not apply: it is already on — pytorch/pytorch#173049)");
+            }
         }
         None => println!("  → served"),
     }
