@@ -9,16 +9,13 @@
 //! (`traces/*.json`: `memory_stats()` and the OOM log recorded next to each snapshot).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_allocsim");
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+mod common;
+use common::*;
 
-fn root(rel: &str) -> PathBuf {
-    Path::new(ROOT).join(rel)
-}
 
 fn frag_trace() -> PathBuf {
     root("traces/frag__default__2048M.pickle.gz")
@@ -53,52 +50,6 @@ impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
-}
-
-fn run<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
-    Command::new(BIN).args(args).current_dir(ROOT).output().expect("run allocsim")
-}
-
-fn show(args: &[&str], o: &Output) -> String {
-    format!(
-        "allocsim {}\n  status: {:?}\n  stdout: {}\n  stderr: {}",
-        args.join(" "),
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// Runs allocsim and checks it failed the way a user error should: exit status 2, no panic, and
-/// exactly one stderr line `allocsim: error: ...` containing every `needle`. Returns that line.
-fn user_error(args: &[&str], needles: &[&str]) -> String {
-    let o = run(args);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    let ctx = show(args, &o);
-    assert!(!err.contains("panicked"), "panic:\n{ctx}");
-    assert_eq!(o.status.code(), Some(2), "exit status:\n{ctx}");
-    let line = err.strip_suffix('\n').unwrap_or_else(|| panic!("stderr does not end with a newline:\n{ctx}"));
-    assert!(!line.contains('\n'), "more than one stderr line:\n{ctx}");
-    assert!(line.starts_with("allocsim: error: "), "not an `allocsim: error:` line:\n{ctx}");
-    for n in needles {
-        assert!(line.contains(n), "message does not contain {n:?}:\n{ctx}");
-    }
-    assert!(o.stdout.is_empty(), "output on stdout despite the error:\n{ctx}");
-    line.to_string()
-}
-
-/// Runs allocsim and expects success; returns stdout.
-fn success(args: &[&str]) -> String {
-    let o = run(args);
-    let ctx = show(args, &o);
-    assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"), "panic:\n{ctx}");
-    assert_eq!(o.status.code(), Some(0), "exit status:\n{ctx}");
-    String::from_utf8(o.stdout).expect("UTF-8 stdout")
-}
-
-fn replay_json(args: &[&str]) -> Value {
-    let out = success(args);
-    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("`allocsim {}` printed no JSON object: {e}\n{out}", args.join(" ")))
 }
 
 /// splitmix64 bytes: deterministic "random" input.
@@ -355,7 +306,7 @@ fn replay_frag_under_its_recorded_capacity() {
     let cap = rec["cap_bytes"].as_u64().expect("cap_bytes");
     assert_eq!(cap, 2147483648);
     let t = frag_trace();
-    let v = replay_json(&["replay", t.to_str().unwrap(), "--capacity", &cap.to_string(), "--json"]);
+    let v = json(&["replay", t.to_str().unwrap(), "--capacity", &cap.to_string(), "--json"]);
     let stats = v["stats"].as_object().expect("stats");
     assert_eq!(stats["num_ooms"], 3);
     // Every stat PyTorch's memory_stats() recorded at the end of the run.
@@ -412,7 +363,7 @@ fn convert_then_replay_matches_the_pickle() {
             let mut args = vec!["replay", trace];
             args.extend_from_slice(extra);
             args.push("--json");
-            let mut v = replay_json(&args);
+            let mut v = json(&args);
             v.as_object_mut().unwrap().remove("trace");
             v
         };

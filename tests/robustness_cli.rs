@@ -3,60 +3,11 @@
 //! range, unknown actions, pre-2.1 snapshots): each bad input ends with exit status 2 and one
 //! `allocsim: error: ...` line naming the entry, never a panic.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
 
-use serde_json::Value;
+mod common;
+use common::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_allocsim");
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-
-fn root(rel: &str) -> PathBuf {
-    Path::new(ROOT).join(rel)
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).current_dir(ROOT).output().expect("run allocsim")
-}
-
-fn show(args: &[&str], o: &Output) -> String {
-    format!(
-        "allocsim {}\n  status: {:?}\n  stdout: {}\n  stderr: {}",
-        args.join(" "),
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn user_error(args: &[&str], needles: &[&str]) -> String {
-    let o = run(args);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    let ctx = show(args, &o);
-    assert!(!err.contains("panicked"), "panic:\n{ctx}");
-    assert_eq!(o.status.code(), Some(2), "exit status:\n{ctx}");
-    let line = err.strip_suffix('\n').unwrap_or_else(|| panic!("no newline:\n{ctx}"));
-    assert!(!line.contains('\n'), "more than one stderr line:\n{ctx}");
-    assert!(line.starts_with("allocsim: error: "), "not an `allocsim: error:` line:\n{ctx}");
-    for n in needles {
-        assert!(line.contains(n), "message does not contain {n:?}:\n{ctx}");
-    }
-    assert!(o.stdout.is_empty(), "stdout despite the error:\n{ctx}");
-    line.to_string()
-}
-
-fn success(args: &[&str]) -> String {
-    let o = run(args);
-    let ctx = show(args, &o);
-    assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"), "panic:\n{ctx}");
-    assert_eq!(o.status.code(), Some(0), "exit status:\n{ctx}");
-    String::from_utf8(o.stdout).expect("UTF-8 stdout")
-}
-
-fn json(args: &[&str]) -> Value {
-    let out = success(args);
-    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("no JSON from `allocsim {}`: {e}\n{out}", args.join(" ")))
-}
 
 /// A file under the temp dir, removed when dropped.
 struct TempFile(PathBuf);
