@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use crate::config::AllocatorConfig;
 use crate::constants::*;
 use crate::device::Device;
+use crate::free_set::FreeSet;
 use crate::stats::DeviceStats;
 
 /// Index of a block in the allocator's arena. Stable while the block lives.
@@ -63,7 +64,7 @@ impl Block {
 /// the unmapped expandable blocks ordered by `BlockComparatorAddress` (stream, ptr).
 #[derive(Clone, Debug)]
 pub struct BlockPool {
-    pub blocks: BTreeMap<(u64, u64, u64), BlockId>,
+    pub blocks: FreeSet,
     pub unmapped: BTreeMap<(u64, u64), BlockId>,
     pub is_small: bool,
     /// Index into `private_pools`, for a private pool's BlockPool.
@@ -74,7 +75,7 @@ pub struct BlockPool {
 
 impl BlockPool {
     fn new(is_small: bool, owner: Option<u32>) -> BlockPool {
-        BlockPool { blocks: BTreeMap::new(), unmapped: BTreeMap::new(), is_small, owner_private_pool: owner, get_free_blocks_call_count: 0 }
+        BlockPool { blocks: FreeSet::new(), unmapped: BTreeMap::new(), is_small, owner_private_pool: owner, get_free_blocks_call_count: 0 }
     }
 }
 
@@ -328,14 +329,14 @@ impl<D: Device> CachingAllocator<D> {
         let pool = self.b(id).pool;
         let clock = self.pools[pool as usize].get_free_blocks_call_count;
         self.bm(id).gc_count_base = clock;
-        let prev = self.pools[pool as usize].blocks.insert(key, id);
-        debug_assert!(prev.is_none());
+        let added = self.pools[pool as usize].blocks.insert(key, id);
+        debug_assert!(added);
     }
 
     fn erase_from_blocks(&mut self, id: BlockId) -> bool {
         let key = self.size_key(id);
         let pool = self.b(id).pool;
-        self.pools[pool as usize].blocks.remove(&key).is_some()
+        self.pools[pool as usize].blocks.remove(key).is_some()
     }
 
     fn unmapped_insert(&mut self, id: BlockId) {
@@ -455,7 +456,7 @@ impl<D: Device> CachingAllocator<D> {
                 .private_pools
                 .iter()
                 .flat_map(|pp| [pp.large, pp.small])
-                .map(|pi| self.pools[pi as usize].blocks.values().map(|&id| self.b(id).size).sum::<u64>())
+                .map(|pi| self.pools[pi as usize].blocks.values().map(|id| self.b(id).size).sum::<u64>())
                 .sum();
             return Err(OutOfMemory {
                 orig_size,
@@ -483,11 +484,8 @@ impl<D: Device> CachingAllocator<D> {
             pool.get_free_blocks_call_count += 1;
         }
         let pool = &self.pools[p.pool as usize];
-        let mut range = pool.blocks.range((p.stream, p.size, 0)..);
-        let Some((&(s, _, _), &first)) = range.next() else { return false };
-        if s != p.stream {
-            return false;
-        }
+        let mut range = pool.blocks.range_from(p.stream, p.size, 0);
+        let Some((_, _, first)) = range.next() else { return false };
         let mut it = first;
         if self.b(it).expandable_segment.is_some() {
             if p.is_expandable_segments_active {
@@ -495,8 +493,8 @@ impl<D: Device> CachingAllocator<D> {
                     let b = self.b(id);
                     b.size + b.next().filter(|&n| !self.b(n).mapped).map_or(0, |n| self.b(n).size)
                 };
-                for (&(ns, _, _), &next) in range {
-                    if self.b(it).expandable_segment.is_some() && ns == p.stream && expandable_size(next) < expandable_size(it) {
+                for (_, _, next) in range {
+                    if self.b(it).expandable_segment.is_some() && expandable_size(next) < expandable_size(it) {
                         it = next;
                     } else {
                         break;
@@ -504,10 +502,7 @@ impl<D: Device> CachingAllocator<D> {
                 }
             } else {
                 let mut found = None;
-                for (&(ns, _, _), &next) in range {
-                    if ns != p.stream {
-                        break;
-                    }
+                for (_, _, next) in range {
                     if self.b(next).expandable_segment.is_none() {
                         found = Some(next);
                         break;
@@ -701,7 +696,7 @@ impl<D: Device> CachingAllocator<D> {
         }
         // Erase src from its set before dst's size changes (keys use the old values).
         if s.mapped {
-            let removed = self.pools[s.pool as usize].blocks.remove(&(s.stream, s.size, s.ptr));
+            let removed = self.pools[s.pool as usize].blocks.remove((s.stream, s.size, s.ptr));
             debug_assert!(removed.is_some());
         } else {
             self.pools[s.pool as usize].unmapped.remove(&(s.stream, s.ptr));
@@ -799,27 +794,29 @@ impl<D: Device> CachingAllocator<D> {
         }
         let key_size = p.size.max(max_split);
         let pool = &self.pools[p.pool as usize];
-        let key = (p.stream, key_size, 0u64);
-        let hit = pool.blocks.range(key..).next().map(|(k, &id)| (*k, id));
+        let hit = pool.blocks.range_from(p.stream, key_size, 0).next();
         match hit {
-            Some((k, id)) if k.0 == p.stream && self.b(id).expandable_segment.is_none() => {
+            Some((_, _, id)) if self.b(id).expandable_segment.is_none() => {
                 self.release_block(id);
                 true
             }
             _ => {
                 // No single block is large enough; free multiple oversize blocks, largest first.
-                let candidates: Vec<((u64, u64, u64), BlockId)> =
-                    pool.blocks.range(..key).rev().map(|(k, &id)| (*k, id)).collect();
+                // (PyTorch returns false at once when no block precedes the key in the whole
+                // pool; the walk below stops at the stream's first block, so looking only at
+                // this stream's blocks gives the same answer.)
+                let candidates: Vec<(u64, BlockId)> =
+                    pool.blocks.range_below(p.stream, key_size, 0).map(|(size, _, id)| (size, id)).collect();
                 if candidates.is_empty() {
                     return false;
                 }
                 let mut total_released = 0u64;
-                for (k, id) in candidates {
-                    if !(total_released < key_size && k.1 >= max_split && k.0 == p.stream) {
+                for (size, id) in candidates {
+                    if !(total_released < key_size && size >= max_split) {
                         break;
                     }
                     if self.b(id).expandable_segment.is_none() {
-                        total_released += k.1;
+                        total_released += size;
                         self.release_block(id);
                     }
                 }
@@ -862,7 +859,7 @@ impl<D: Device> CachingAllocator<D> {
 
     /// `release_blocks(pool)`.
     fn release_blocks(&mut self, pool: PoolIdx) {
-        let all: Vec<BlockId> = self.pools[pool as usize].blocks.values().copied().collect();
+        let all: Vec<BlockId> = self.pools[pool as usize].blocks.values().collect();
         let mut to_unmap = Vec::new();
         for id in all {
             let b = self.b(id);
@@ -914,7 +911,7 @@ impl<D: Device> CachingAllocator<D> {
         let gc_count = |b: &Block| (clock - b.gc_count_base) as i32 as i64 as u64;
         let mut total_age: u64 = 0;
         let mut freeable_block_count: i64 = 0;
-        for &id in self.pools[LARGE_POOL as usize].blocks.values() {
+        for id in self.pools[LARGE_POOL as usize].blocks.values() {
             let b = self.b(id);
             if !b.is_split() {
                 total_age = total_age.wrapping_add(gc_count(b));
@@ -928,7 +925,7 @@ impl<D: Device> CachingAllocator<D> {
         while gc_reclaimed < target_size && block_freed && freeable_block_count > 0 {
             let age_threshold = total_age as f64 / freeable_block_count as f64;
             block_freed = false;
-            let all: Vec<BlockId> = self.pools[LARGE_POOL as usize].blocks.values().copied().collect();
+            let all: Vec<BlockId> = self.pools[LARGE_POOL as usize].blocks.values().collect();
             for id in all {
                 let b = self.b(id);
                 if !b.is_split() && b.expandable_segment.is_none() && gc_count(b) as f64 >= age_threshold {
@@ -1185,7 +1182,7 @@ impl<D: Device> CachingAllocator<D> {
             let free = !b.allocated && b.event_count == 0;
             if free && b.mapped {
                 let pool = &self.pools[b.pool as usize];
-                if pool.blocks.get(&(b.stream, b.size, b.ptr)) != Some(&id) {
+                if pool.blocks.get((b.stream, b.size, b.ptr)) != Some(id) {
                     return Err(format!("free block {id} ({:#x}, {}) missing from its pool's set", b.ptr, b.size));
                 }
                 in_sets += 1;
@@ -1203,7 +1200,7 @@ impl<D: Device> CachingAllocator<D> {
                 }
             }
         }
-        let set_total: usize = self.pools.iter().map(|p| p.blocks.len()).sum();
+        let set_total: usize = self.pools.iter().map(|p| p.blocks.count()).sum();
         if set_total != in_sets {
             return Err(format!("pool sets hold {set_total} blocks, {in_sets} free mapped blocks exist"));
         }

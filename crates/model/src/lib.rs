@@ -12,6 +12,7 @@ mod config_parse;
 pub mod constants;
 pub mod device;
 pub mod format;
+pub mod free_set;
 pub mod stats;
 
 pub use allocator::{BlockId, CachingAllocator, Event, EventKind, OutOfMemory, Route};
