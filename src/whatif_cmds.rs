@@ -182,14 +182,17 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<i32, UserError> {
         return Ok(0);
     }
     let valid = rows.iter().filter(|r| r.rejected.is_none()).count();
+    let shared = rows.iter().flat_map(|r| &r.outcomes).filter(|o| o.same_as.is_some()).count();
     println!(
-        "{}: {} requests, {} configs ({} placements each, expandable segments once), {} under {}; {:.1} s",
+        "{}: {} requests, {} configs ({} placements each, expandable segments once), {} outcomes under {} ({} replayed; {} shared with a config that cannot behave differently on this trace); {:.1} s",
         a.trace.trace.display(),
         p.program.requests.len(),
         valid,
         a.placements,
         replay_count(&points, a.placements),
         a.capacity.map_or("no cap".to_string(), |c| format!("a {} cap", format_size(c))),
+        replay_count(&points, a.placements) - shared,
+        shared,
         secs
     );
     let mut t = Table::new();

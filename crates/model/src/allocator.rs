@@ -213,6 +213,14 @@ pub struct CachingAllocator<D: Device> {
     /// Record each malloc's steps into `steps` (for explanations; off by default).
     pub record_steps: bool,
     pub steps: Vec<MallocStep>,
+    /// The largest rounded request, block or segment size so far. While it stays below
+    /// `max_split_size`, that setting changes nothing (no rule compares a size with it and
+    /// finds it reached), so a replay under the same settings without it is identical.
+    pub largest_size_seen: u64,
+    /// The largest `total_allocated_memory` at a cache miss (where `garbage_collect_cached_blocks`
+    /// would run). While it stays at or below a GC threshold's bytes, garbage collection with that
+    /// threshold would return at once, so a replay without it is identical.
+    pub peak_total_at_cache_miss: u64,
 }
 
 impl<D: Device> CachingAllocator<D> {
@@ -236,6 +244,8 @@ impl<D: Device> CachingAllocator<D> {
             captures_underway: 0,
             record_steps: false,
             steps: Vec::new(),
+            largest_size_seen: 0,
+            peak_total_at_cache_miss: 0,
         };
         if let Some(f) = a.config.per_process_memory_fraction {
             a.set_memory_fraction(f);
@@ -267,7 +277,13 @@ impl<D: Device> CachingAllocator<D> {
         self.blocks.iter().enumerate().filter(move |(i, _)| !free.contains(&(*i as u32))).map(|(i, b)| (i as u32, b))
     }
 
+    #[inline]
+    fn note_size(&mut self, size: u64) {
+        self.largest_size_seen = self.largest_size_seen.max(size);
+    }
+
     fn new_block(&mut self, b: Block) -> BlockId {
+        self.note_size(b.size);
         if let Some(id) = self.free_slots.pop() {
             self.blocks[id as usize] = b;
             id
@@ -391,6 +407,7 @@ impl<D: Device> CachingAllocator<D> {
     /// Cross-stream frees must have been completed by the caller (`process_events`).
     pub fn malloc(&mut self, orig_size: u64, stream: u64, route: Route) -> Result<BlockId, OutOfMemory> {
         let size = self.config.round_size(orig_size);
+        self.note_size(size);
         let pool = self.get_pool(size, route);
         let alloc_size = self.config.get_allocation_size(size);
         // No custom allocators are modelled, so expandable segments are active in every pool.
@@ -413,6 +430,7 @@ impl<D: Device> CachingAllocator<D> {
             self.steps.push(MallocStep::CacheLookup { found: found_size, rounded: size, stream, pool });
         }
         if !found {
+            self.peak_total_at_cache_miss = self.peak_total_at_cache_miss.max(self.total_allocated_memory);
             if self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0 {
                 let e0 = self.events.len();
                 self.garbage_collect_cached_blocks();
@@ -702,6 +720,8 @@ impl<D: Device> CachingAllocator<D> {
             self.pools[s.pool as usize].unmapped.remove(&(s.stream, s.ptr));
         }
         self.bm(dst).size += s.size;
+        let merged = self.b(dst).size;
+        self.note_size(merged);
         self.delete_block(src);
         s.size
     }
@@ -1300,6 +1320,7 @@ impl<D: Device> CachingAllocator<D> {
         check_specs(blocks, size)?;
         let pool = self.restore_pool(small, route);
         let ptr = self.device.malloc(size).ok_or_else(|| format!("the device has no room for a restored segment of {size} bytes"))?;
+        self.note_size(size);
         if let Some(pp) = self.pools[pool as usize].owner_private_pool {
             self.private_pools[pp as usize].cuda_malloc_count += 1;
         }

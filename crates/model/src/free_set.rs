@@ -56,11 +56,12 @@ impl Chunk {
     #[inline]
     fn lower_bound(&self, size: u64, ptr: u64) -> usize {
         let n = self.len;
-        let mut i: usize = self.sizes[..n].iter().map(|&x| usize::from(x < size)).sum();
-        while i < n && self.sizes[i] == size && self.ptrs[i] < ptr {
-            i += 1;
+        if ptr == 0 {
+            return self.sizes[..n].iter().map(|&x| usize::from(x < size)).sum();
         }
-        i
+        // Runs of equal sizes can be long (many free blocks of one size): count those below
+        // `ptr` in the same pass, branch-free.
+        self.sizes[..n].iter().zip(&self.ptrs[..n]).map(|(&x, &p)| usize::from(x < size) + usize::from((x == size) & (p < ptr))).sum()
     }
     #[inline]
     fn is_at(&self, i: usize, size: u64, ptr: u64) -> bool {

@@ -1,5 +1,7 @@
 //! `allocsim sweep`: one trace, every config of a grid, every placement; outcomes ranked.
 
+use allocsim_model::AllocatorConfig;
+use allocsim_model::constants::ROUNDUP_INTERVALS;
 use allocsim_replay::{Prepared, ReplayOutcome};
 use rayon::prelude::*;
 
@@ -21,6 +23,9 @@ pub struct Outcome {
     pub num_device_free: i64,
     /// Estimated time in cudaMalloc/cudaFree/map/unmap calls (see `cost`).
     pub device_call_us: f64,
+    /// Not replayed separately: this config cannot behave differently from the named one on this
+    /// trace (see [`sweep_with`]), so this is that config's outcome.
+    pub same_as: Option<String>,
 }
 
 impl Outcome {
@@ -37,6 +42,7 @@ impl Outcome {
             num_device_alloc: s.num_device_alloc,
             num_device_free: s.num_device_free,
             device_call_us: device_call_us(&o.segment_events, large_page),
+            same_as: None,
         }
     }
 }
@@ -83,7 +89,7 @@ impl Row {
 
 /// Replays `prepared` under every valid point of the grid and every placement, in parallel, and
 /// returns the rows ranked best first (rejected configs last). `progress` is called once per
-/// finished replay.
+/// finished (or shared, see [`sweep_with`]) replay.
 pub fn sweep(
     prepared: &Prepared,
     points: &[GridPoint],
@@ -91,24 +97,154 @@ pub fn sweep(
     placements: usize,
     progress: &(dyn Fn() + Sync),
 ) -> Vec<Row> {
+    sweep_with(prepared, points, capacity, placements, true, progress)
+}
+
+/// What a base replay tells about settings it did not have (see [`inert`]).
+#[derive(Clone, Debug)]
+struct Replay {
+    outcome: Outcome,
+    largest_size_seen: u64,
+    peak_total_at_cache_miss: u64,
+    allowed: Option<u64>,
+}
+
+/// Whether `max_split_size` and `garbage_collection_threshold` of `config` would have changed
+/// nothing in `base`, a replay under the same settings without them: no size reached
+/// `max_split_size` (no rule that compares with it can fire), and `total_allocated_memory` never
+/// exceeded the GC threshold at a cache miss (`garbage_collect_cached_blocks` would have returned
+/// at once every time). Then replaying `config` gives `base`'s outcome exactly.
+fn inert(config: &AllocatorConfig, base: &Replay) -> bool {
+    let split = config.max_split_size == u64::MAX || base.largest_size_seen < config.max_split_size;
+    let gc = match base.allowed {
+        Some(allowed) if config.garbage_collection_threshold > 0.0 => {
+            base.peak_total_at_cache_miss <= (config.garbage_collection_threshold * allowed as f64) as u64
+        }
+        _ => true,
+    };
+    split && gc
+}
+
+/// `roundup_power2_divisions` only changes `round_size`: settings that round every request of the
+/// trace alike are one setting here. Maps each setting to the first one (in `all`'s order) that
+/// rounds `sizes` as it does.
+fn rounding_classes(all: &[[u64; ROUNDUP_INTERVALS]], sizes: &[u64]) -> Vec<[u64; ROUNDUP_INTERVALS]> {
+    let mut reps: Vec<([u64; ROUNDUP_INTERVALS], Vec<u64>)> = Vec::new();
+    all.iter()
+        .map(|divs| {
+            let c = AllocatorConfig { roundup_power2_divisions: *divs, ..AllocatorConfig::default() };
+            let rounded: Vec<u64> = sizes.iter().map(|&s| c.round_size(s)).collect();
+            match reps.iter().find(|(_, r)| *r == rounded) {
+                Some((d, _)) => *d,
+                None => {
+                    reps.push((*divs, rounded));
+                    *divs
+                }
+            }
+        })
+        .collect()
+}
+
+/// [`sweep`]; with `share`, a config that cannot behave differently from another on this trace
+/// is not replayed again: configs that differ only in `roundup_power2_divisions` values that
+/// round every request of the trace alike, and configs whose `max_split_size_mb` or
+/// `garbage_collection_threshold` is never reached in the replay without them ([`inert`]). Their
+/// outcomes name the config whose replay they share (`same_as`). Without `share` every
+/// (config, placement) is replayed (the tests check that both agree).
+pub fn sweep_with(
+    prepared: &Prepared,
+    points: &[GridPoint],
+    capacity: Option<u64>,
+    placements: usize,
+    share: bool,
+    progress: &(dyn Fn() + Sync),
+) -> Vec<Row> {
     let list = prepared.placements(placements.max(1));
-    let jobs: Vec<(usize, usize)> = points
+    let valid: Vec<(usize, &AllocatorConfig)> = points.iter().enumerate().filter_map(|(i, p)| p.config.as_ref().ok().map(|c| (i, c))).collect();
+    // The settings each point is replayed under: itself, or (sharing) its canonical form.
+    let canonical: Vec<AllocatorConfig> = if share {
+        let mut sizes: Vec<u64> = prepared.program.requests.iter().map(|r| r.size).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let divs: Vec<_> = valid.iter().map(|(_, c)| c.roundup_power2_divisions).collect();
+        rounding_classes(&divs, &sizes)
+            .into_iter()
+            .zip(&valid)
+            .map(|(d, (_, c))| AllocatorConfig { roundup_power2_divisions: d, source: String::new(), ..(*c).clone() })
+            .collect()
+    } else {
+        valid.iter().map(|(_, c)| (*c).clone()).collect()
+    };
+    // Distinct runs; `run_of[k]` for valid point k. A run's base: the same settings without
+    // max_split_size and GC, when that is a run of its own.
+    let mut runs: Vec<AllocatorConfig> = Vec::new();
+    let mut first_point: Vec<usize> = Vec::new();
+    let run_of: Vec<usize> = canonical
         .iter()
         .enumerate()
-        .filter_map(|(i, p)| p.config.as_ref().ok().map(|c| (i, c)))
-        .flat_map(|(i, c)| {
-            let n = if c.expandable_segments { 1 } else { list.len() };
-            (0..n).map(move |j| (i, j))
+        .map(|(k, c)| match runs.iter().position(|r| r == c) {
+            Some(r) if share => r,
+            _ => {
+                runs.push(c.clone());
+                first_point.push(valid[k].0);
+                runs.len() - 1
+            }
         })
         .collect();
-    let results: Vec<(usize, Outcome)> = jobs
+    let base_of: Vec<Option<usize>> = runs
+        .iter()
+        .map(|c| {
+            if !share || (c.max_split_size == u64::MAX && c.garbage_collection_threshold == 0.0) {
+                return None;
+            }
+            let b = AllocatorConfig {
+                max_split_size: u64::MAX,
+                max_non_split_rounding_size: AllocatorConfig::default().max_non_split_rounding_size,
+                garbage_collection_threshold: 0.0,
+                ..c.clone()
+            };
+            runs.iter().position(|r| *r == b)
+        })
+        .collect();
+    let n_placements = |c: &AllocatorConfig| if c.expandable_segments { 1 } else { list.len() };
+    let run = |r: usize, j: usize| -> Replay {
+        let config = &runs[r];
+        let (name, placement) = &list[j];
+        let o = prepared.replay(config, capacity, placement.clone());
+        Replay {
+            outcome: Outcome::of(name, &o, config.large_segment_size),
+            largest_size_seen: o.allocator.largest_size_seen,
+            peak_total_at_cache_miss: o.allocator.peak_total_at_cache_miss,
+            allowed: o.allocator.allowed_memory_maximum,
+        }
+    };
+    let users = |r: usize| run_of.iter().filter(|&&x| x == r).count();
+    // Phase 1: the runs that have no base; phase 2: the others, from their base where inert.
+    let jobs1: Vec<(usize, usize)> = (0..runs.len()).filter(|&r| base_of[r].is_none()).flat_map(|r| (0..n_placements(&runs[r])).map(move |j| (r, j))).collect();
+    let done1: Vec<((usize, usize), Replay)> = jobs1
         .par_iter()
-        .map(|&(i, j)| {
-            let config = points[i].config.as_ref().unwrap();
-            let (name, placement) = &list[j];
-            let o = prepared.replay(config, capacity, placement.clone());
-            progress();
-            (i, Outcome::of(name, &o, config.large_segment_size))
+        .map(|&(r, j)| {
+            let x = run(r, j);
+            (0..users(r)).for_each(|_| progress());
+            ((r, j), x)
+        })
+        .collect();
+    let find = |done: &[((usize, usize), Replay)], r: usize, j: usize| done.iter().find(|(k, _)| *k == (r, j)).map(|(_, x)| x.clone());
+    let jobs2: Vec<(usize, usize)> = (0..runs.len()).filter(|&r| base_of[r].is_some()).flat_map(|r| (0..n_placements(&runs[r])).map(move |j| (r, j))).collect();
+    let done2: Vec<((usize, usize), Replay)> = jobs2
+        .par_iter()
+        .map(|&(r, j)| {
+            let b = base_of[r].unwrap();
+            let x = match find(&done1, b, j) {
+                Some(base) if inert(&runs[r], &base) => {
+                    let mut x = base;
+                    x.outcome.same_as = Some(points[first_point[b]].conf.clone());
+                    x
+                }
+                _ => run(r, j),
+            };
+            (0..users(r)).for_each(|_| progress());
+            ((r, j), x)
         })
         .collect();
     let mut rows: Vec<Row> = points
@@ -120,8 +256,15 @@ pub fn sweep(
             outcomes: Vec::new(),
         })
         .collect();
-    for (i, o) in results {
-        rows[i].outcomes.push(o);
+    for (k, &(i, _)) in valid.iter().enumerate() {
+        let r = run_of[k];
+        for j in 0..n_placements(&runs[r]) {
+            let mut o = find(&done1, r, j).or_else(|| find(&done2, r, j)).expect("every run was replayed").outcome;
+            if first_point[r] != i && o.same_as.is_none() {
+                o.same_as = Some(points[first_point[r]].conf.clone());
+            }
+            rows[i].outcomes.push(o);
+        }
     }
     rows.sort_by_key(|r| r.rank_key());
     rows
@@ -182,6 +325,7 @@ mod tests {
                     num_device_alloc: 0,
                     num_device_free: 0,
                     device_call_us: 0.0,
+                    same_as: None,
                 })
                 .collect(),
         }
