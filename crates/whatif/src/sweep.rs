@@ -109,20 +109,22 @@ struct Replay {
     allowed: Option<u64>,
 }
 
-/// Whether `max_split_size` and `garbage_collection_threshold` of `config` would have changed
-/// nothing in `base`, a replay under the same settings without them: no size reached
-/// `max_split_size` (no rule that compares with it can fire), and `total_allocated_memory` never
-/// exceeded the GC threshold at a cache miss (`garbage_collect_cached_blocks` would have returned
-/// at once every time). Then replaying `config` gives `base`'s outcome exactly.
-fn inert(config: &AllocatorConfig, base: &Replay) -> bool {
-    let split = config.max_split_size == u64::MAX || base.largest_size_seen < config.max_split_size;
-    let gc = match base.allowed {
-        Some(allowed) if config.garbage_collection_threshold > 0.0 => {
-            base.peak_total_at_cache_miss <= (config.garbage_collection_threshold * allowed as f64) as u64
-        }
-        _ => true,
-    };
-    split && gc
+/// Whether `config`'s `max_split_size` would have changed nothing in `base`, a replay under the
+/// same settings without it: no rounded request, block or segment reached it, so no rule that
+/// compares a size with it could fire. Then replaying `config` gives `base`'s outcome exactly.
+fn split_inert(config: &AllocatorConfig, base: &Replay) -> bool {
+    base.largest_size_seen < config.max_split_size
+}
+
+/// Whether `config`'s `garbage_collection_threshold` would have changed nothing in `base`, a
+/// replay under the same settings without it: `total_allocated_memory` never exceeded the
+/// threshold at a cache miss, so `garbage_collect_cached_blocks` would have returned at once
+/// every time (or there is no allowed maximum, and GC never runs).
+fn gc_inert(config: &AllocatorConfig, base: &Replay) -> bool {
+    match base.allowed {
+        Some(allowed) => base.peak_total_at_cache_miss <= (config.garbage_collection_threshold * allowed as f64) as u64,
+        None => true,
+    }
 }
 
 /// `roundup_power2_divisions` only changes `round_size`: settings that round every request of the
@@ -191,62 +193,56 @@ pub fn sweep_with(
             }
         })
         .collect();
-    let base_of: Vec<Option<usize>> = runs
-        .iter()
-        .map(|c| {
-            if !share || (c.max_split_size == u64::MAX && c.garbage_collection_threshold == 0.0) {
-                return None;
-            }
-            let b = AllocatorConfig {
-                max_split_size: u64::MAX,
-                max_non_split_rounding_size: AllocatorConfig::default().max_non_split_rounding_size,
-                garbage_collection_threshold: 0.0,
-                ..c.clone()
-            };
-            runs.iter().position(|r| *r == b)
-        })
-        .collect();
-    let n_placements = |c: &AllocatorConfig| if c.expandable_segments { 1 } else { list.len() };
-    let run = |r: usize, j: usize| -> Replay {
-        let config = &runs[r];
-        let (name, placement) = &list[j];
-        let o = prepared.replay(config, capacity, placement.clone());
-        Replay {
-            outcome: Outcome::of(name, &o, config.large_segment_size),
-            largest_size_seen: o.allocator.largest_size_seen,
-            peak_total_at_cache_miss: o.allocator.peak_total_at_cache_miss,
-            allowed: o.allocator.allowed_memory_maximum,
-        }
+    // A run's bases: the same settings without GC, and without max_split_size, where those are
+    // runs too. Runs are replayed by levels (how many of the two they set), so bases come first.
+    let without_gc = |c: &AllocatorConfig| AllocatorConfig { garbage_collection_threshold: 0.0, ..c.clone() };
+    let without_split = |c: &AllocatorConfig| AllocatorConfig {
+        max_split_size: u64::MAX,
+        max_non_split_rounding_size: AllocatorConfig::default().max_non_split_rounding_size,
+        ..c.clone()
     };
+    let gc_base: Vec<Option<usize>> =
+        runs.iter().map(|c| if share && c.garbage_collection_threshold > 0.0 { runs.iter().position(|r| *r == without_gc(c)) } else { None }).collect();
+    let split_base: Vec<Option<usize>> =
+        runs.iter().map(|c| if share && c.max_split_size != u64::MAX { runs.iter().position(|r| *r == without_split(c)) } else { None }).collect();
+    let level = |r: usize| usize::from(runs[r].garbage_collection_threshold > 0.0) + usize::from(runs[r].max_split_size != u64::MAX);
+    let n_placements = |c: &AllocatorConfig| if c.expandable_segments { 1 } else { list.len() };
     let users = |r: usize| run_of.iter().filter(|&&x| x == r).count();
-    // Phase 1: the runs that have no base; phase 2: the others, from their base where inert.
-    let jobs1: Vec<(usize, usize)> = (0..runs.len()).filter(|&r| base_of[r].is_none()).flat_map(|r| (0..n_placements(&runs[r])).map(move |j| (r, j))).collect();
-    let done1: Vec<((usize, usize), Replay)> = jobs1
-        .par_iter()
-        .map(|&(r, j)| {
-            let x = run(r, j);
-            (0..users(r)).for_each(|_| progress());
-            ((r, j), x)
-        })
-        .collect();
-    let find = |done: &[((usize, usize), Replay)], r: usize, j: usize| done.iter().find(|(k, _)| *k == (r, j)).map(|(_, x)| x.clone());
-    let jobs2: Vec<(usize, usize)> = (0..runs.len()).filter(|&r| base_of[r].is_some()).flat_map(|r| (0..n_placements(&runs[r])).map(move |j| (r, j))).collect();
-    let done2: Vec<((usize, usize), Replay)> = jobs2
-        .par_iter()
-        .map(|&(r, j)| {
-            let b = base_of[r].unwrap();
-            let x = match find(&done1, b, j) {
-                Some(base) if inert(&runs[r], &base) => {
-                    let mut x = base;
-                    x.outcome.same_as = Some(points[first_point[b]].conf.clone());
-                    x
-                }
-                _ => run(r, j),
-            };
-            (0..users(r)).for_each(|_| progress());
-            ((r, j), x)
-        })
-        .collect();
+    // done[r][j]: run r's replay (or the replay it shares) under placement j.
+    let mut done: Vec<Vec<Option<Replay>>> = runs.iter().map(|c| vec![None; n_placements(c)]).collect();
+    for lv in 0..=2 {
+        let jobs: Vec<(usize, usize)> = (0..runs.len()).filter(|&r| level(r) == lv).flat_map(|r| (0..done[r].len()).map(move |j| (r, j))).collect();
+        let results: Vec<(usize, usize, Replay)> = jobs
+            .par_iter()
+            .map(|&(r, j)| {
+                let from = |base: Option<usize>, inert: fn(&AllocatorConfig, &Replay) -> bool| {
+                    let b = base?;
+                    let x = done[b][j].as_ref()?;
+                    inert(&runs[r], x).then(|| {
+                        let mut x = x.clone();
+                        x.outcome.same_as.get_or_insert_with(|| points[first_point[b]].conf.clone());
+                        x
+                    })
+                };
+                let x = from(gc_base[r], gc_inert).or_else(|| from(split_base[r], split_inert)).unwrap_or_else(|| {
+                    let config = &runs[r];
+                    let (name, placement) = &list[j];
+                    let o = prepared.replay(config, capacity, placement.clone());
+                    Replay {
+                        outcome: Outcome::of(name, &o, config.large_segment_size),
+                        largest_size_seen: o.allocator.largest_size_seen,
+                        peak_total_at_cache_miss: o.allocator.peak_total_at_cache_miss,
+                        allowed: o.allocator.allowed_memory_maximum,
+                    }
+                });
+                (0..users(r)).for_each(|_| progress());
+                (r, j, x)
+            })
+            .collect();
+        for (r, j, x) in results {
+            done[r][j] = Some(x);
+        }
+    }
     let mut rows: Vec<Row> = points
         .iter()
         .map(|p| Row {
@@ -258,8 +254,8 @@ pub fn sweep_with(
         .collect();
     for (k, &(i, _)) in valid.iter().enumerate() {
         let r = run_of[k];
-        for j in 0..n_placements(&runs[r]) {
-            let mut o = find(&done1, r, j).or_else(|| find(&done2, r, j)).expect("every run was replayed").outcome;
+        for x in &done[r] {
+            let mut o = x.clone().expect("every run was replayed").outcome;
             if first_point[r] != i && o.same_as.is_none() {
                 o.same_as = Some(points[first_point[r]].conf.clone());
             }
