@@ -232,24 +232,62 @@ impl Interner {
     }
 }
 
-/// Reads a JSON Lines trace. Errors carry the 1-based line number.
-pub fn read(bytes: &[u8]) -> Result<Snapshot, TraceError> {
-    let mut snap = Snapshot::default();
-    let mut interner = Interner {
-        stacks: vec![Vec::new()],
-        ..Default::default()
-    };
-    let mut devices: Option<usize> = None;
-    let mut saw_header = false;
-    for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
-        let lineno = i + 1;
+/// The header line: the number of devices it declares and the recorded settings.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Header {
+    pub devices: Option<usize>,
+    pub settings: RecordedSettings,
+}
+
+/// One line of a JSON Lines trace.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Parsed {
+    /// An empty or whitespace-only line.
+    Blank,
+    Header(Header),
+    Event { device: usize, entry: TraceEntry },
+    Segment(SnapshotSegment),
+}
+
+/// Parses a JSON Lines trace line by line (the one parser behind [`read`], [`Events`] and
+/// [`scan`]): it checks the header comes first, that events name a declared device, and interns
+/// stacks when asked to (else every stack is 0, and frames are only checked).
+pub struct LineParser {
+    saw_header: bool,
+    devices: Option<usize>,
+    stacks: Option<Interner>,
+}
+
+impl LineParser {
+    /// `keep_stacks`: intern the frames of events and blocks (else they are checked and dropped).
+    pub fn new(keep_stacks: bool) -> LineParser {
+        let stacks = keep_stacks.then(|| Interner {
+            stacks: vec![Vec::new()],
+            ..Default::default()
+        });
+        LineParser {
+            saw_header: false,
+            devices: None,
+            stacks,
+        }
+    }
+
+    fn intern(&mut self, frames: Option<Vec<Frame>>) -> StackId {
+        match &mut self.stacks {
+            Some(i) => i.intern(frames),
+            None => 0,
+        }
+    }
+
+    /// Parses line `lineno` (1-based; for errors), without its `\n` (a trailing `\r` is allowed).
+    pub fn parse(&mut self, raw: &[u8], lineno: usize) -> Result<Parsed, TraceError> {
         let err = |msg: String| TraceError::Jsonl { line: lineno, msg };
         let line = raw.strip_suffix(b"\r").unwrap_or(raw);
         if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
+            return Ok(Parsed::Blank);
         }
         let l: Line<'_> = serde_json::from_slice(line).map_err(|e| err(e.to_string()))?;
-        if !saw_header {
+        if !self.saw_header {
             match l.format.as_deref() {
                 Some(FORMAT) => {}
                 Some(f) => return Err(err(format!("format is {f:?}, expected {FORMAT:?}"))),
@@ -267,15 +305,18 @@ pub fn read(bytes: &[u8]) -> Result<Snapshot, TraceError> {
                     )));
                 }
             }
-            devices = l.devices;
-            if let Some(n) = devices {
-                if n > 1 << 16 {
-                    return Err(err(format!("implausible number of devices {n}")));
-                }
-                snap.device_traces = vec![Vec::new(); n];
+            if let Some(n) = l.devices
+                && n > 1 << 16
+            {
+                return Err(err(format!("implausible number of devices {n}")));
             }
+            self.devices = l.devices;
+            let mut h = Header {
+                devices: l.devices,
+                ..Default::default()
+            };
             if let Some(s) = l.allocator_settings {
-                snap.settings = RecordedSettings {
+                h.settings = RecordedSettings {
                     alloc_conf: s.alloc_conf,
                     max_split_size: s.max_split_size,
                     garbage_collection_threshold: s.garbage_collection_threshold,
@@ -287,8 +328,8 @@ pub fn read(bytes: &[u8]) -> Result<Snapshot, TraceError> {
                     present: true,
                 };
             }
-            saw_header = true;
-            continue;
+            self.saw_header = true;
+            return Ok(Parsed::Header(h));
         }
         if l.format.is_some() {
             return Err(err("a second header line".into()));
@@ -312,10 +353,10 @@ pub fn read(bytes: &[u8]) -> Result<Snapshot, TraceError> {
                     size: b.size,
                     requested_size: b.requested_size,
                     state,
-                    stack: interner.intern(b.frames),
+                    stack: self.intern(b.frames),
                 });
             }
-            snap.segments.push(SnapshotSegment {
+            return Ok(Parsed::Segment(SnapshotSegment {
                 device: s.device,
                 address: s.address,
                 total_size: s.total_size,
@@ -327,8 +368,7 @@ pub fn read(bytes: &[u8]) -> Result<Snapshot, TraceError> {
                 pool_id: s.segment_pool_id,
                 is_expandable: s.is_expandable,
                 blocks,
-            });
-            continue;
+            }));
         }
         let Some(a) = l.action else {
             return Err(err(
@@ -348,7 +388,7 @@ pub fn read(bytes: &[u8]) -> Result<Snapshot, TraceError> {
         let size = l
             .size
             .ok_or_else(|| err("an event needs \"size\"".into()))?;
-        match devices {
+        match self.devices {
             Some(n) if dev >= n => {
                 return Err(err(format!(
                     "device {dev}, but the header declares {n} device(s)"
@@ -357,25 +397,55 @@ pub fn read(bytes: &[u8]) -> Result<Snapshot, TraceError> {
             None if dev >= 1 << 16 => return Err(err(format!("implausible device {dev}"))),
             _ => {}
         }
-        if snap.device_traces.len() <= dev {
-            snap.device_traces.resize_with(dev + 1, Vec::new);
+        Ok(Parsed::Event {
+            device: dev,
+            entry: TraceEntry {
+                action,
+                addr,
+                size,
+                stream: l.stream.unwrap_or(0),
+                time_us: l.time_us.unwrap_or(0),
+                stack: self.intern(l.frames),
+            },
+        })
+    }
+
+    /// The end of the input: an error if there was no header; else the interned stacks
+    /// (`stacks[0]` is the empty stack; just that one when stacks are not kept).
+    pub fn finish(self) -> Result<Vec<Vec<Frame>>, TraceError> {
+        if !self.saw_header {
+            return Err(TraceError::Jsonl {
+                line: 1,
+                msg: "empty file (no header line)".into(),
+            });
         }
-        snap.device_traces[dev].push(TraceEntry {
-            action,
-            addr,
-            size,
-            stream: l.stream.unwrap_or(0),
-            time_us: l.time_us.unwrap_or(0),
-            stack: interner.intern(l.frames),
-        });
+        Ok(self.stacks.map_or_else(|| vec![Vec::new()], |i| i.stacks))
     }
-    if !saw_header {
-        return Err(TraceError::Jsonl {
-            line: 1,
-            msg: "empty file (no header line)".into(),
-        });
+}
+
+/// Reads a JSON Lines trace. Errors carry the 1-based line number.
+pub fn read(bytes: &[u8]) -> Result<Snapshot, TraceError> {
+    let mut snap = Snapshot::default();
+    let mut parser = LineParser::new(true);
+    for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
+        match parser.parse(raw, i + 1)? {
+            Parsed::Blank => {}
+            Parsed::Header(h) => {
+                if let Some(n) = h.devices {
+                    snap.device_traces = vec![Vec::new(); n];
+                }
+                snap.settings = h.settings;
+            }
+            Parsed::Segment(s) => snap.segments.push(s),
+            Parsed::Event { device, entry } => {
+                if snap.device_traces.len() <= device {
+                    snap.device_traces.resize_with(device + 1, Vec::new);
+                }
+                snap.device_traces[device].push(entry);
+            }
+        }
     }
-    snap.stacks = interner.stacks;
+    snap.stacks = parser.finish()?;
     Ok(snap)
 }
 

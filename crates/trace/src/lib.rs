@@ -9,9 +9,14 @@
 //! * [`pickle_write`]: a protocol-4 pickle writer for builtin types (what CPython's pickler writes).
 //! * [`snapshot`]: also [`snapshot::to_pickle`], a [`Snapshot`] back in torch 2.11's snapshot shape.
 //! * [`jsonl`]: allocsim's documented JSON Lines trace format, and conversion both ways.
+//! * [`jsonl_stream`]: JSON Lines read as a stream of events (and a cheap first pass for the
+//!   final segments), for replays in bounded memory.
 //! * [`read_trace`] / [`write_trace`]: files in any of these formats (gzip'd or not).
+//! * [`hash`]: a fast hasher for integer keys.
 
+pub mod hash;
 pub mod jsonl;
+pub mod jsonl_stream;
 pub mod pickle;
 pub mod pickle_write;
 pub mod snapshot;
