@@ -4,9 +4,12 @@ use std::path::{Path, PathBuf};
 
 use allocsim_model::constants::H200_TOTAL_MEMORY;
 use allocsim_model::format::{format_size, oom_message};
+use allocsim_replay::program::Request;
 use allocsim_replay::replay::Oom;
-use allocsim_replay::{ReplaySpec, Replayed};
+use allocsim_replay::stream::{StreamError, StreamInput, Streamed, replay_stream};
+use allocsim_replay::{ReplaySpec, ReplaySummary};
 use allocsim_trace::Snapshot;
+use allocsim_trace::jsonl_stream::JsonlFile;
 use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
 
@@ -51,6 +54,11 @@ struct ReplayArgs {
     /// its version; default 2.11). See `allocsim_replay::version` for what changes.
     #[arg(long, value_parser = allocsim_replay::TorchVersion::parse, default_value = "2.11")]
     torch_version: allocsim_replay::TorchVersion,
+    /// Read the whole trace before replaying it, as for a pickle. By default a JSON Lines trace
+    /// (.jsonl, .jsonl.gz) is replayed as a stream in memory bounded by the live set, with the
+    /// same result, unless it starts mid-history or `--placements`/`--addresses-from` is given.
+    #[arg(long)]
+    in_memory: bool,
 }
 
 #[derive(Subcommand)]
@@ -138,11 +146,16 @@ pub fn main() -> i32 {
 }
 
 pub(crate) fn load(path: &Path) -> Result<Snapshot, UserError> {
-    allocsim_trace::read_trace(path).map_err(|e| match e {
+    allocsim_trace::read_trace(path).map_err(|e| trace_error(path, e))
+}
+
+/// A trace that cannot be read, as the user sees it.
+fn trace_error(path: &Path, e: allocsim_trace::TraceError) -> UserError {
+    match e {
         // Already names the path.
         allocsim_trace::TraceError::Io { .. } => UserError(e.to_string()),
         _ => UserError(format!("{}: {e}", path.display())),
-    })
+    }
 }
 
 impl ReplayArgs {
@@ -161,20 +174,57 @@ impl ReplayArgs {
     }
 }
 
-/// `--device N`: that device; else every device with entries (in device order).
-fn run_replays(args: &ReplayArgs) -> Result<Vec<Replayed>, UserError> {
+/// `--device N`: that device; else every device with entries (in device order). A JSON Lines
+/// trace is replayed as a stream, in memory bounded by the live set, where that gives the same
+/// answer (see `allocsim_replay::stream`); else (and for pickles) the trace is read whole.
+fn run_replays(args: &ReplayArgs) -> Result<Vec<ReplaySummary>, UserError> {
+    if !args.in_memory
+        && args.addresses_from.is_none()
+        && args.placements.is_none()
+        && let Some(file) = JsonlFile::open(&args.trace).map_err(|e| trace_error(&args.trace, e))?
+        && let Some(v) = run_streamed(&file, args)?
+    {
+        return Ok(v);
+    }
     let snap = load(&args.trace)?;
     let other = args.addresses_from.as_deref().map(load).transpose()?;
     let spec = args.spec(other.as_ref());
     if args.device.is_some() {
-        return Ok(vec![allocsim_replay::run(&snap, &spec)?]);
+        return Ok(vec![allocsim_replay::run(&snap, &spec)?.into_summary()]);
     }
-    Ok(allocsim_replay::devices::run_devices(&snap, &spec)?)
+    Ok(allocsim_replay::devices::run_devices(&snap, &spec)?.into_iter().map(|r| r.into_summary()).collect())
+}
+
+/// Above this size a JSON Lines trace replayed in memory after all takes GiBs: say so.
+const NOTE_FALLBACK_ABOVE: u64 = 1 << 30;
+
+/// Replays a JSON Lines trace in one pass over its events (after a first pass for its final
+/// segments); `None` when only the in-memory replay gives the answer.
+fn run_streamed(file: &JsonlFile, args: &ReplayArgs) -> Result<Option<Vec<ReplaySummary>>, UserError> {
+    let path = file.path();
+    let scan = file.scan().map_err(|e| trace_error(path, e))?;
+    let input = StreamInput {
+        settings: &scan.header.settings,
+        devices: scan.header.devices,
+        segments: &scan.segments,
+        segment_entries: &scan.segment_entries,
+    };
+    match replay_stream(&input, &args.spec(None), || file.events()) {
+        Ok(Streamed::Done(v)) => Ok(Some(v)),
+        Ok(Streamed::Fallback(why)) => {
+            if file.len() > NOTE_FALLBACK_ABOVE {
+                eprintln!("allocsim: note: {}: replaying in memory ({why})", path.display());
+            }
+            Ok(None)
+        }
+        Err(StreamError::Read(e)) => Err(trace_error(path, e)),
+        Err(StreamError::Run(e)) => Err(e.into()),
+    }
 }
 
 /// The state a truncated trace starts from (`null`: an empty allocator).
-fn initial_state_json(r: &Replayed) -> Value {
-    match &r.program.initial {
+fn initial_state_json(r: &ReplaySummary) -> Value {
+    match &r.initial {
         None => Value::Null,
         Some(s) => json!({
             "segments": s.segments.len(),
@@ -190,7 +240,7 @@ fn initial_state_json(r: &Replayed) -> Value {
 }
 
 /// One summary per device, in device order.
-fn devices_json(all: &[Replayed]) -> Value {
+fn devices_json(all: &[ReplaySummary]) -> Value {
     let rank = allocsim_replay::devices::worst_first(all);
     Value::from(
         all.iter()
@@ -200,7 +250,7 @@ fn devices_json(all: &[Replayed]) -> Value {
                 json!({
                     "device": r.device,
                     "rank": rank.iter().position(|&k| k == i),
-                    "requests": r.program.requests.len(),
+                    "requests": r.requests,
                     "ooms": r.outcome.ooms.len(),
                     "first_oom": r.outcome.first_oom(),
                     "peak_reserved": r.outcome.peak_reserved,
@@ -217,15 +267,13 @@ fn devices_json(all: &[Replayed]) -> Value {
 
 /// The OOM message as PyTorch would print it, with `device_free` from the trace where it recorded
 /// one (see `allocsim_replay::oom`); NVML's per-process sentence cannot be known and is left out.
-fn message(r: &Replayed, o: &Oom) -> String {
-    let req = &r.program.requests[o.request as usize];
+fn message(r: &ReplaySummary, o: &Oom, device_free: u64) -> String {
     let mut info = o.info.clone();
-    info.device_free = allocsim_replay::oom::device_free_estimate(&r.trace, req, &o.info, r.own_settings, r.options.device_memory);
+    info.device_free = device_free;
     oom_message(&info, r.device as i32, "")
 }
 
-fn oom_json(r: &Replayed, o: &Oom) -> Value {
-    let req = &r.program.requests[o.request as usize];
+fn oom_json(r: &ReplaySummary, o: &Oom, &(ref req, device_free): &(Request, u64)) -> Value {
     json!({
         "request": o.request,
         "size": o.info.rounded_size,
@@ -237,7 +285,7 @@ fn oom_json(r: &Replayed, o: &Oom) -> Value {
         "trace_index": req.trace_index,
         "allocated_bytes": o.info.allocated_bytes,
         "reserved_bytes": o.info.reserved_bytes,
-        "message": message(r, o),
+        "message": message(r, o, device_free),
     })
 }
 
@@ -266,7 +314,7 @@ fn cmd_replay(args: &ReplayArgs, as_json: bool) -> Result<i32, UserError> {
     Ok(0)
 }
 
-fn replay_one(args: &ReplayArgs, r: &Replayed, as_json: bool, all: &[Replayed]) -> Result<i32, UserError> {
+fn replay_one(args: &ReplayArgs, r: &ReplaySummary, as_json: bool, all: &[ReplaySummary]) -> Result<i32, UserError> {
     let o = &r.outcome;
     let placement_independent = r.options.config.expandable_segments;
     if as_json {
@@ -280,15 +328,15 @@ fn replay_one(args: &ReplayArgs, r: &Replayed, as_json: bool, all: &[Replayed]) 
             "device": r.device,
             "config": r.options.config.source,
             "capacity": r.options.capacity,
-            "requests": r.program.requests.len(),
+            "requests": r.requests,
             "stats": o.stats.to_memory_stats(),
             "segment_events": o.segment_events,
-            "ooms": o.ooms.iter().map(|x| oom_json(r, x)).collect::<Vec<_>>(),
+            "ooms": o.ooms.iter().zip(&r.oom_requests).map(|(x, q)| oom_json(r, x, q)).collect::<Vec<_>>(),
             "first_oom": o.first_oom(),
-            "empty_cache_calls": r.empty_cache_requests(),
-            "unknown_frees": r.program.unknown_frees,
+            "empty_cache_calls": o.empty_cache_requests,
+            "unknown_frees": r.unknown_frees,
             "initial_state": initial_state_json(r),
-            "reconstruct_error": r.program.reconstruct_error,
+            "reconstruct_error": r.reconstruct_error,
             "torch_version": args.torch_version.to_string(),
             "devices": devices_json(all),
             "placements": if args.placements.is_some() { Value::from(placements) } else { Value::Null },
@@ -300,7 +348,7 @@ fn replay_one(args: &ReplayArgs, r: &Replayed, as_json: bool, all: &[Replayed]) 
     }
     let s = &o.stats;
     let conf = if r.options.config.source.is_empty() { "defaults".to_string() } else { r.options.config.source.clone() };
-    println!("{} (device {}): {} requests replayed under {conf}", args.trace.display(), r.device, r.program.requests.len());
+    println!("{} (device {}): {} requests replayed under {conf}", args.trace.display(), r.device, r.requests);
     if let Some(c) = r.options.capacity {
         println!("  allowed maximum   {} ({c} bytes)", format_size(c));
     }
@@ -331,11 +379,11 @@ fn replay_one(args: &ReplayArgs, r: &Replayed, as_json: bool, all: &[Replayed]) 
         if end.free > 0 { 100.0 * end.largest_free_block as f64 / end.free as f64 } else { 100.0 },
         format_size(end.rounding_waste)
     );
-    let ec = r.empty_cache_requests();
+    let ec = &o.empty_cache_requests;
     if !ec.is_empty() {
         println!("  empty_cache()     {} calls, inferred from the trace's releases", ec.len());
     }
-    if let Some(init) = &r.program.initial {
+    if let Some(init) = &r.initial {
         println!(
             "  mid-history       the trace's first entry is not the job's (the ring buffer of max_entries): the replay starts from the state reconstructed from the final segments, {} pre-existing blocks ({} allocated in {} blocks, {} pending free) in {} segments ({} reserved); counters count from the trace's start, peaks are the trace's",
             init.blocks.len(),
@@ -346,19 +394,18 @@ fn replay_one(args: &ReplayArgs, r: &Replayed, as_json: bool, all: &[Replayed]) 
             format_size(init.reserved_bytes())
         );
     }
-    if let Some(e) = &r.program.reconstruct_error {
+    if let Some(e) = &r.reconstruct_error {
         println!("  note              the state at the trace's start could not be reconstructed ({e}); the replay starts from an empty allocator");
     }
-    if r.program.unknown_frees > 0 {
+    if r.unknown_frees > 0 {
         println!(
             "  note              {} frees of blocks allocated before the trace began were ignored",
-            r.program.unknown_frees
+            r.unknown_frees
         );
     }
-    match o.ooms.first() {
+    match o.ooms.first().zip(r.oom_requests.first()) {
         None => println!("  OOMs              none"),
-        Some(first) => {
-            let req = &r.program.requests[first.request as usize];
+        Some((first, &(ref req, device_free))) => {
             println!(
                 "  OOMs              {} ; the first at request {} ({} on stream {}{}):",
                 o.ooms.len(),
@@ -367,7 +414,7 @@ fn replay_one(args: &ReplayArgs, r: &Replayed, as_json: bool, all: &[Replayed]) 
                 req.stream,
                 if req.recorded_oom { ", an OOM in the trace too" } else { "" }
             );
-            println!("    {}", message(r, first));
+            println!("    {}", message(r, first, device_free));
             let rest: Vec<String> = o.ooms.iter().skip(1).take(8).map(|x| x.request.to_string()).collect();
             if !rest.is_empty() {
                 println!("    later OOMs at requests {}{}", rest.join(", "), if o.ooms.len() > 9 { ", ..." } else { "" });

@@ -26,28 +26,42 @@ pub enum TraceCheckError {
 /// Checks one device's trace and final segments against the bounds above.
 pub fn check_trace(device: usize, trace: &[TraceEntry], segments: &[SnapshotSegment]) -> Result<(), TraceCheckError> {
     for (index, e) in trace.iter().enumerate() {
-        let err = |msg: String| TraceCheckError::Entry { device, index, action: e.action.as_str(), msg };
-        match e.action {
-            Action::Alloc | Action::Oom | Action::FreeRequested | Action::FreeCompleted => {
-                if e.size >= MAX_REQUEST {
-                    return Err(err(format!("size {} bytes is not a possible request (at least 2^63)", e.size)));
-                }
-            }
-            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => {
-                if e.size > MAX_ADDRESS {
-                    return Err(err(format!("segment size {} bytes is beyond any device (more than 2^60)", e.size)));
-                }
-            }
-            Action::Snapshot | Action::Annotate => {}
-        }
-        let sized = matches!(e.action, Action::Alloc | Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap);
-        if sized && e.addr.checked_add(e.size).is_none_or(|end| end > MAX_ADDRESS) {
-            return Err(err(format!("address {:#x} with size {} lies beyond any GPU address space (2^60)", e.addr, e.size)));
-        }
-        if matches!(e.action, Action::FreeRequested | Action::FreeCompleted) && e.addr > MAX_ADDRESS {
-            return Err(err(format!("address {:#x} lies beyond any GPU address space (2^60)", e.addr)));
-        }
+        check_entry(device, index, e)?;
     }
+    check_segments(device, segments)
+}
+
+/// Checks entry `index` of a device's trace.
+pub fn check_entry(device: usize, index: usize, e: &TraceEntry) -> Result<(), TraceCheckError> {
+    let err = |msg: String| TraceCheckError::Entry { device, index, action: e.action.as_str(), msg };
+    if index > u32::MAX as usize {
+        return Err(err("a device trace of more than 2^32 entries is beyond what allocsim replays".into()));
+    }
+    match e.action {
+        Action::Alloc | Action::Oom | Action::FreeRequested | Action::FreeCompleted => {
+            if e.size >= MAX_REQUEST {
+                return Err(err(format!("size {} bytes is not a possible request (at least 2^63)", e.size)));
+            }
+        }
+        Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => {
+            if e.size > MAX_ADDRESS {
+                return Err(err(format!("segment size {} bytes is beyond any device (more than 2^60)", e.size)));
+            }
+        }
+        Action::Snapshot | Action::Annotate => {}
+    }
+    let sized = matches!(e.action, Action::Alloc | Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap);
+    if sized && e.addr.checked_add(e.size).is_none_or(|end| end > MAX_ADDRESS) {
+        return Err(err(format!("address {:#x} with size {} lies beyond any GPU address space (2^60)", e.addr, e.size)));
+    }
+    if matches!(e.action, Action::FreeRequested | Action::FreeCompleted) && e.addr > MAX_ADDRESS {
+        return Err(err(format!("address {:#x} lies beyond any GPU address space (2^60)", e.addr)));
+    }
+    Ok(())
+}
+
+/// Checks a device's final segments.
+pub fn check_segments(device: usize, segments: &[SnapshotSegment]) -> Result<(), TraceCheckError> {
     for s in segments {
         let err = |msg: String| TraceCheckError::Segment { device, address: s.address, msg };
         if s.address.checked_add(s.total_size).is_none_or(|end| end > MAX_SEGMENT_END) {

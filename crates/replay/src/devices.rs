@@ -3,7 +3,7 @@
 
 use allocsim_trace::Snapshot;
 
-use crate::run::{ReplaySpec, Replayed, RunError, run};
+use crate::run::{ReplaySpec, ReplaySummary, Replayed, RunError, run};
 
 /// The devices whose trace has entries, in device order.
 pub fn devices_with_entries(snap: &Snapshot) -> Vec<usize> {
@@ -31,7 +31,7 @@ pub fn run_devices(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Vec<Replaye
 }
 
 /// Indices into `replays`, worst first: most OOMs, then highest peak reserved, then device order.
-pub fn worst_first(replays: &[Replayed]) -> Vec<usize> {
+pub fn worst_first(replays: &[ReplaySummary]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..replays.len()).collect();
     order.sort_by_key(|&i| {
         let o = &replays[i].outcome;

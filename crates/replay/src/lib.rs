@@ -1,6 +1,7 @@
 //! allocsim-replay: turns trace events into allocator requests ([`program`]), replays them through
-//! the model ([`replay`]), answers one replay question end to end ([`run`]), and checks a replay
-//! against its recording ([`validate`]).
+//! the model ([`replay`]), answers one replay question end to end ([`run`]; in one pass over a
+//! stream of entries, in memory bounded by the live set: [`stream`]), and checks a replay against
+//! its recording ([`validate`]).
 pub mod live;
 pub mod oom;
 pub mod check;
@@ -10,11 +11,12 @@ pub mod replay;
 pub mod restore;
 pub mod run;
 pub mod settle;
+pub mod stream;
 pub mod validate;
 pub mod version;
 
 pub use program::{Op, Program, Request};
 pub use replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, plausible_placements, recorded_placement, replay, replay_observed, replay_on};
-pub use run::{Prepared, ReplaySpec, Replayed, RunError, recorded_config, run};
+pub use run::{Prepared, ReplaySpec, ReplaySummary, Replayed, RunError, recorded_config, run};
 pub use validate::{Validation, validate};
 pub use version::TorchVersion;

@@ -20,11 +20,12 @@
 //! of an `empty_cache()` or of a `malloc`'s releases whose beginning was cut off) is replayed as
 //! exactly those releases ([`Op::ForcedRelease`]).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use allocsim_model::AllocatorConfig;
 use allocsim_model::allocator::{MempoolId, Route};
 use allocsim_model::constants::H200_TOTAL_MEMORY;
+use allocsim_trace::hash::{IntMap, IntSet};
 use allocsim_trace::{Action, SnapshotSegment, StackId, TraceEntry};
 
 use crate::restore::{InitialState, reconstruct};
@@ -101,40 +102,190 @@ impl Program {
     /// trace was recorded under (`config`: its rounding and split rules) on a device of
     /// `device_memory` bytes (the expandable segments' reservation size).
     pub fn build_with(trace: &[TraceEntry], segments: &[SnapshotSegment], config: &AllocatorConfig, device_memory: u64) -> Program {
-        let private = PrivateRanges::new(trace, segments);
         let mut p = Program::default();
-        let mut live: HashMap<u64, Live> = HashMap::new();
-        let mut pending: HashMap<u64, Live> = HashMap::new();
         match reconstruct(trace, segments, config, device_memory) {
             Ok(s) if s.is_empty() => {}
-            Ok(s) => {
-                for (k, b) in s.blocks.iter().enumerate() {
-                    if b.pending {
-                        pending.insert(b.addr, Live::Pre(k as u32));
-                    } else {
-                        live.insert(b.addr, Live::Pre(k as u32));
-                    }
-                }
-                p.initial = Some(s);
-            }
+            Ok(s) => p.initial = Some(s),
             // Without a sign of truncation, an inconsistency lies in the final segments (absent,
             // or from another moment), not in the trace: replay from empty without a note.
             Err(e) => p.reconstruct_error = starts_mid_history(trace).then_some(e),
         }
-        // Does the trace have cross-stream frees (a completion not right after its request)?
-        let cross_stream = has_cross_stream_frees(trace);
-        let mut i = 0usize;
-        while i < trace.len() {
-            let e = &trace[i];
-            match e.action {
+        let segment_allocs = trace.iter().filter(|e| e.action == Action::SegmentAlloc).map(|e| e.addr);
+        let mut b = ProgramBuilder::new(segments, segment_allocs, p.initial.as_ref(), Some(has_cross_stream_frees(trace)));
+        let (requests, ops) = (&mut p.requests, &mut p.ops);
+        let mut add = |x: Built<'_>| {
+            requests.extend(x.request);
+            ops.push(x.op);
+        };
+        for e in trace {
+            b.push(*e, &mut add);
+        }
+        b.finish(&mut add);
+        p.unknown_frees = b.unknown_frees;
+        p.private_pools = b.private_pools;
+        p
+    }
+}
+
+/// An op as [`ProgramBuilder`] makes it, with what the replay's `empty_cache()` inference needs
+/// to see of the entries behind it.
+#[derive(Clone, Copy, Debug)]
+pub struct Built<'a> {
+    pub op: Op,
+    /// The request of a [`Op::Malloc`].
+    pub request: Option<Request>,
+    /// [`Op::ReleaseRun`]: its entries. [`Op::Malloc`]: the entries right before its own that
+    /// [`before_malloc`] accepts (the device calls a retry chain may have made; see
+    /// `crate::replay::recorded_device_calls`). Otherwise empty.
+    pub entries: &'a [TraceEntry],
+}
+
+/// Whether an entry can be part of a malloc's own device calls, right before its `alloc` (or
+/// `oom`) entry: segment events, and completions of cross-stream frees that its synchronize made.
+pub fn before_malloc(a: Action) -> bool {
+    matches!(a, Action::FreeCompleted | Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
+}
+
+fn is_release(a: Action) -> bool {
+    matches!(a, Action::SegmentFree | Action::SegmentUnmap)
+}
+
+/// Turns trace entries into ops as they come (the rules in the module documentation), looking
+/// ahead only as far as a rule needs: the entry after a `free_requested` (and, when the trace may
+/// have cross-stream frees, past the completions after it), the end of a run of releases. Its
+/// memory is the live and pending blocks plus that lookahead, whatever the trace's length.
+///
+/// Whether the trace has cross-stream frees at all decides whether a completion right after its
+/// request may still be a later call's (see [`Program::build_with`]). When that is not known in
+/// advance (a stream), the builder assumes none until it sees one, and [`ProgramBuilder::speculated`]
+/// says whether that assumption decided a free before one was seen (then the ops differ from
+/// [`Program::build`]'s if the trace turns out to have one: build again, telling it).
+pub struct ProgramBuilder {
+    private: PrivateRanges,
+    live: IntMap<u64, Live>,
+    pending: IntMap<u64, Live>,
+    cross_stream: Option<bool>,
+    seen_cross_stream: bool,
+    speculated: bool,
+    restored: bool,
+    /// Entries not yet turned into ops: `buf[head..]`, the first at trace index `index`.
+    buf: Vec<TraceEntry>,
+    head: usize,
+    index: usize,
+    /// The entries [`before_malloc`] accepts right before `buf[head]`.
+    recent: Vec<TraceEntry>,
+    /// `segment_alloc` entries before `buf[head]`.
+    segment_allocs: usize,
+    next_request: u32,
+    ops: usize,
+    /// See [`Program::unknown_frees`].
+    pub unknown_frees: u32,
+    /// See [`Program::private_pools`].
+    pub private_pools: Vec<MempoolId>,
+}
+
+impl ProgramBuilder {
+    /// `segments`: the device's final segments; `segment_allocs`: the addresses of its trace's
+    /// `segment_alloc` entries in order; `initial`: the state the trace starts from; `cross_stream`:
+    /// whether the trace has cross-stream frees (`None`: not known, see above).
+    pub fn new(
+        segments: &[SnapshotSegment],
+        segment_allocs: impl IntoIterator<Item = u64>,
+        initial: Option<&InitialState>,
+        cross_stream: Option<bool>,
+    ) -> ProgramBuilder {
+        let mut b = ProgramBuilder {
+            private: PrivateRanges::new(segments, segment_allocs),
+            live: IntMap::default(),
+            pending: IntMap::default(),
+            cross_stream,
+            seen_cross_stream: false,
+            speculated: false,
+            restored: initial.is_some(),
+            buf: Vec::new(),
+            head: 0,
+            index: 0,
+            recent: Vec::new(),
+            segment_allocs: 0,
+            next_request: 0,
+            ops: 0,
+            unknown_frees: 0,
+            private_pools: Vec::new(),
+        };
+        if let Some(s) = initial {
+            for (k, blk) in s.blocks.iter().enumerate() {
+                if blk.pending {
+                    b.pending.insert(blk.addr, Live::Pre(k as u32));
+                } else {
+                    b.live.insert(blk.addr, Live::Pre(k as u32));
+                }
+            }
+        }
+        b
+    }
+
+    /// The next entry; `out` gets the ops it completes.
+    pub fn push(&mut self, e: TraceEntry, out: &mut impl FnMut(Built<'_>)) {
+        self.buf.push(e);
+        self.drain(false, out);
+    }
+
+    /// The end of the trace: the remaining ops.
+    pub fn finish(&mut self, out: &mut impl FnMut(Built<'_>)) {
+        self.drain(true, out);
+    }
+
+    /// Requests made so far.
+    pub fn requests(&self) -> u32 {
+        self.next_request
+    }
+
+    /// Whether a free was decided by assuming the trace has no cross-stream frees (only when
+    /// that was not known) while it might yet have one.
+    pub fn speculated(&self) -> bool {
+        self.speculated
+    }
+
+    /// Whether the entries so far have a cross-stream free (a `free_requested` not followed by its
+    /// `free_completed`).
+    pub fn seen_cross_stream(&self) -> bool {
+        self.seen_cross_stream
+    }
+
+    fn consume(&mut self, n: usize) {
+        for e in &self.buf[self.head..self.head + n] {
+            if before_malloc(e.action) {
+                self.recent.push(*e);
+            } else {
+                self.recent.clear();
+            }
+            self.segment_allocs += (e.action == Action::SegmentAlloc) as usize;
+        }
+        self.head += n;
+        self.index += n;
+        if self.head == self.buf.len() {
+            self.buf.clear();
+            self.head = 0;
+        } else if self.head >= 1024 && 2 * self.head >= self.buf.len() {
+            self.buf.drain(..self.head);
+            self.head = 0;
+        }
+    }
+
+    fn drain(&mut self, done: bool, out: &mut impl FnMut(Built<'_>)) {
+        while self.head < self.buf.len() {
+            let e = self.buf[self.head];
+            let i = self.index;
+            let n = match e.action {
                 Action::Alloc | Action::Oom => {
-                    let req = p.requests.len() as u32;
-                    let route = if e.action == Action::Alloc { private.route(e.addr, e.stream, i) } else { Route::Default };
+                    let req = self.next_request;
+                    self.next_request += 1;
+                    let route = if e.action == Action::Alloc { self.private.route(e.addr, e.stream, self.segment_allocs) } else { Route::Default };
                     if let Route::Private(id) = route
-                        && !p.private_pools.contains(&id) {
-                            p.private_pools.push(id);
+                        && !self.private_pools.contains(&id) {
+                            self.private_pools.push(id);
                         }
-                    p.requests.push(Request {
+                    let request = Request {
                         size: e.size,
                         stream: e.stream,
                         route,
@@ -142,126 +293,185 @@ impl Program {
                         recorded_addr: e.addr,
                         trace_index: i as u32,
                         stack: e.stack,
-                    });
-                    p.ops.push(Op::Malloc(req));
+                    };
+                    out(Built { op: Op::Malloc(req), request: Some(request), entries: &self.recent });
+                    self.ops += 1;
                     if e.action == Action::Alloc {
-                        live.insert(e.addr, Live::Req(req));
+                        self.live.insert(e.addr, Live::Req(req));
                     }
+                    1
                 }
-                Action::FreeRequested => match live.remove(&e.addr) {
-                    Some(req) => {
-                        let completed_next = trace
-                            .get(i + 1)
-                            .is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
-                        // A completion right after the request is an ordinary free, unless the trace
-                        // has cross-stream frees, the completion came measurably later (inside a
-                        // later call: an ordinary free records both entries in the same call, 0–2 µs
-                        // apart) and a malloc's device calls follow: then it may be the next
-                        // malloc's OOM-retry synchronize completing a pending block, which the
-                        // replay decides (see `crate::replay::replay`).
-                        let later = completed_next && trace[i + 1].time_us - e.time_us >= SYNC_COMPLETION_MIN_US;
-                        let immediate = completed_next && !(cross_stream && later && malloc_device_calls_follow(trace, i + 2));
-                        p.ops.push(match req {
-                            Live::Req(req) => Op::Free { req, deferred: !immediate },
-                            Live::Pre(pre) => Op::FreePre { pre, deferred: !immediate },
-                        });
-                        if immediate {
-                            i += 1;
-                        } else {
-                            pending.insert(e.addr, req);
+                Action::FreeRequested => {
+                    let next = self.buf.get(self.head + 1).copied();
+                    if next.is_none() && !done {
+                        break;
+                    }
+                    let completed_next = next.is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
+                    if !completed_next {
+                        self.seen_cross_stream = true;
+                    }
+                    // A completion right after the request is an ordinary free, unless the trace
+                    // has cross-stream frees, the completion came measurably later (inside a later
+                    // call: an ordinary free records both entries in the same call, 0–2 µs apart)
+                    // and a malloc's device calls follow: then it may be the next malloc's
+                    // OOM-retry synchronize completing a pending block, which the replay decides
+                    // (see `crate::replay::replay`).
+                    let later = next.is_some_and(|n| completed_next && n.time_us.saturating_sub(e.time_us) >= SYNC_COMPLETION_MIN_US);
+                    let cross = self.cross_stream.unwrap_or(self.seen_cross_stream);
+                    let mut follows = false;
+                    if later && self.cross_stream != Some(false) {
+                        follows = match malloc_device_calls_follow(&self.buf[self.head + 2..]) {
+                            Some(f) => f,
+                            None if done => false,
+                            None => break,
+                        };
+                        self.speculated |= follows && !cross;
+                    }
+                    let immediate = completed_next && !(cross && later && follows);
+                    match self.live.remove(&e.addr) {
+                        Some(l) => {
+                            let op = match l {
+                                Live::Req(req) => Op::Free { req, deferred: !immediate },
+                                Live::Pre(pre) => Op::FreePre { pre, deferred: !immediate },
+                            };
+                            out(Built { op, request: None, entries: &[] });
+                            self.ops += 1;
+                            if immediate {
+                                2
+                            } else {
+                                self.pending.insert(e.addr, l);
+                                1
+                            }
+                        }
+                        None => {
+                            self.unknown_frees += 1;
+                            1
                         }
                     }
-                    None => p.unknown_frees += 1,
-                },
-                Action::FreeCompleted => match pending.remove(&e.addr) {
-                    Some(Live::Req(req)) => p.ops.push(Op::Complete(req)),
-                    Some(Live::Pre(pre)) => p.ops.push(Op::CompletePre(pre)),
-                    None => p.unknown_frees += 1,
-                },
-                Action::SegmentFree | Action::SegmentUnmap if p.initial.is_some() && p.ops.is_empty() => {
-                    // The tail of a release whose cause was cut off: replayed as recorded.
-                    while i < trace.len() && matches!(trace[i].action, Action::SegmentFree | Action::SegmentUnmap) {
-                        p.ops.push(Op::ForcedRelease { addr: trace[i].addr, unmap: trace[i].action == Action::SegmentUnmap });
-                        i += 1;
+                }
+                Action::FreeCompleted => {
+                    let op = match self.pending.remove(&e.addr) {
+                        Some(Live::Req(req)) => Some(Op::Complete(req)),
+                        Some(Live::Pre(pre)) => Some(Op::CompletePre(pre)),
+                        None => None,
+                    };
+                    match op {
+                        Some(op) => {
+                            out(Built { op, request: None, entries: &[] });
+                            self.ops += 1;
+                        }
+                        None => self.unknown_frees += 1,
                     }
-                    continue;
+                    1
                 }
                 Action::SegmentFree | Action::SegmentUnmap => {
-                    let start = i;
-                    while i + 1 < trace.len() && matches!(trace[i + 1].action, Action::SegmentFree | Action::SegmentUnmap) {
-                        i += 1;
+                    let run = self.buf[self.head..].iter().take_while(|x| is_release(x.action)).count();
+                    if self.head + run == self.buf.len() && !done {
+                        break;
                     }
-                    p.ops.push(Op::ReleaseRun { start: start as u32, end: i as u32 + 1 });
+                    let entries = &self.buf[self.head..self.head + run];
+                    if self.restored && self.ops == 0 {
+                        // The tail of a release whose cause was cut off: replayed as recorded.
+                        for x in entries {
+                            let op = Op::ForcedRelease { addr: x.addr, unmap: x.action == Action::SegmentUnmap };
+                            out(Built { op, request: None, entries: &[] });
+                        }
+                        self.ops += run;
+                    } else {
+                        out(Built { op: Op::ReleaseRun { start: i as u32, end: (i + run) as u32 }, request: None, entries });
+                        self.ops += 1;
+                    }
+                    run
                 }
-                Action::SegmentAlloc | Action::SegmentMap | Action::Snapshot | Action::Annotate => {}
-            }
-            i += 1;
+                Action::SegmentAlloc | Action::SegmentMap | Action::Snapshot | Action::Annotate => 1,
+            };
+            self.consume(n);
         }
-        p
     }
 }
 
 /// Whether the trace refers to blocks or segments it did not allocate (frees, completions,
 /// releases, unmaps of unknown addresses): it starts mid-history.
 pub fn starts_mid_history(trace: &[TraceEntry]) -> bool {
-    use std::collections::{BTreeMap, HashSet};
-    let mut blocks: HashSet<u64> = HashSet::new();
-    let mut segments: HashSet<u64> = HashSet::new();
-    let mut mapped: BTreeMap<u64, u64> = BTreeMap::new();
-    for e in trace {
+    let mut m = MidHistory::default();
+    trace.iter().any(|e| m.push(e))
+}
+
+/// [`starts_mid_history`] entry by entry: its memory is the live blocks and segments (and every
+/// address ever mapped).
+#[derive(Clone, Debug, Default)]
+pub struct MidHistory {
+    blocks: IntSet<u64>,
+    segments: IntSet<u64>,
+    mapped: BTreeMap<u64, u64>,
+}
+
+impl MidHistory {
+    /// True when this entry shows that the trace starts mid-history.
+    pub fn push(&mut self, e: &TraceEntry) -> bool {
         match e.action {
             Action::Alloc => {
-                blocks.insert(e.addr);
+                self.blocks.insert(e.addr);
             }
-            Action::FreeRequested | Action::FreeCompleted if !blocks.contains(&e.addr) => return true,
+            Action::FreeRequested | Action::FreeCompleted if !self.blocks.contains(&e.addr) => return true,
             Action::FreeCompleted => {
-                blocks.remove(&e.addr);
+                self.blocks.remove(&e.addr);
             }
             Action::SegmentAlloc => {
-                segments.insert(e.addr);
+                self.segments.insert(e.addr);
             }
-            Action::SegmentFree if !segments.remove(&e.addr) => return true,
+            Action::SegmentFree if !self.segments.remove(&e.addr) => return true,
             Action::SegmentMap => {
-                mapped.insert(e.addr, e.addr.saturating_add(e.size));
+                self.mapped.insert(e.addr, e.addr.saturating_add(e.size));
             }
             Action::SegmentUnmap => {
-                let inside = mapped.range(..=e.addr).next_back().is_some_and(|(_, &end)| end > e.addr);
-                let first = mapped.range(..e.addr.saturating_add(e.size)).next_back().is_some_and(|(&s, _)| s >= e.addr);
+                let inside = self.mapped.range(..=e.addr).next_back().is_some_and(|(_, &end)| end > e.addr);
+                let first = self.mapped.range(..e.addr.saturating_add(e.size)).next_back().is_some_and(|(&s, _)| s >= e.addr);
                 if !inside && !first {
                     return true;
                 }
             }
             _ => {}
         }
+        false
     }
-    false
 }
 
-/// Final private-pool segments, with the trace index from which each one held its range.
+/// Final private-pool segments, with the ordinal of the `segment_alloc` from which each one held
+/// its range.
 struct PrivateRanges {
-    ranges: Vec<(u64, u64, u64, MempoolId, usize)>,
+    /// (start, end, stream, pool, the ordinal among the trace's `segment_alloc` entries of the last
+    /// one at its address; `None`: held throughout).
+    ranges: Vec<(u64, u64, u64, MempoolId, Option<usize>)>,
 }
 
 impl PrivateRanges {
-    fn new(trace: &[TraceEntry], segments: &[SnapshotSegment]) -> PrivateRanges {
+    fn new(segments: &[SnapshotSegment], segment_allocs: impl IntoIterator<Item = u64>) -> PrivateRanges {
+        let private: Vec<&SnapshotSegment> = segments.iter().filter(|s| s.pool_id != (0, 0)).collect();
+        let mut last: IntMap<u64, usize> = IntMap::default();
+        if !private.is_empty() {
+            let wanted: IntSet<u64> = private.iter().filter(|s| !s.is_expandable).map(|s| s.address).collect();
+            for (k, a) in segment_allocs.into_iter().enumerate() {
+                if wanted.contains(&a) {
+                    last.insert(a, k);
+                }
+            }
+        }
         let mut ranges = Vec::new();
-        for s in segments.iter().filter(|s| s.pool_id != (0, 0)) {
-            let (lo, hi) = (s.address, s.address + s.total_size);
+        for s in private {
+            let (lo, hi) = (s.address, s.address.saturating_add(s.total_size));
             // A cudaMalloc'd segment holds its range from its last segment_alloc on; an expandable
             // segment's range is its own reservation (per stream and pool), so it holds it throughout.
-            let since = if s.is_expandable {
-                0
-            } else {
-                trace.iter().rposition(|e| e.action == Action::SegmentAlloc && e.addr == s.address).unwrap_or(0)
-            };
+            let since = if s.is_expandable { None } else { last.get(&s.address).copied() };
             ranges.push((lo, hi, s.stream, s.pool_id, since));
         }
         PrivateRanges { ranges }
     }
 
-    fn route(&self, addr: u64, stream: u64, index: usize) -> Route {
+    /// The pool of a request at `addr` on `stream`, after `segment_allocs` `segment_alloc` entries.
+    fn route(&self, addr: u64, stream: u64, segment_allocs: usize) -> Route {
         for &(lo, hi, s, id, since) in &self.ranges {
-            if addr >= lo && addr < hi && s == stream && index >= since {
+            if addr >= lo && addr < hi && s == stream && since.is_none_or(|k| segment_allocs > k) {
                 return Route::Private(id);
             }
         }
@@ -279,15 +489,16 @@ fn has_cross_stream_frees(trace: &[TraceEntry]) -> bool {
     })
 }
 
-/// Whether entries from `i` on, past any further completions, are a malloc's device calls
-/// (segment frees, unmaps, allocations, maps) or an OOM: the entries a retry chain makes.
-fn malloc_device_calls_follow(trace: &[TraceEntry], i: usize) -> bool {
-    for e in &trace[i.min(trace.len())..] {
+/// Whether the entries `after` (those after a free and its completion), past any further
+/// completions, are a malloc's device calls (segment frees, unmaps, allocations, maps) or an OOM:
+/// the entries a retry chain makes. `None` when `after` ends before that is known.
+fn malloc_device_calls_follow(after: &[TraceEntry]) -> Option<bool> {
+    for e in after {
         match e.action {
             Action::FreeCompleted => continue,
-            Action::SegmentFree | Action::SegmentUnmap | Action::SegmentAlloc | Action::SegmentMap | Action::Oom => return true,
-            _ => return false,
+            Action::SegmentFree | Action::SegmentUnmap | Action::SegmentAlloc | Action::SegmentMap | Action::Oom => return Some(true),
+            _ => return Some(false),
         }
     }
-    false
+    None
 }

@@ -1,10 +1,11 @@
 //! Replays a [`Program`] through the allocator model and collects what happened.
 
-use allocsim_model::allocator::{BlockId, CachingAllocator, EventKind, OutOfMemory, RestoredBlockSpec, RestoredHandle, RestoredState, Route};
+use allocsim_model::allocator::{BlockId, CachingAllocator, EventKind, MempoolId, OutOfMemory, RestoredBlockSpec, RestoredHandle, RestoredState, Route};
 use allocsim_model::{AllocatorConfig, Device, DeviceStats, Placement, SimDevice};
+use allocsim_trace::hash::IntMap;
 use allocsim_trace::{Action, TraceEntry};
 
-use crate::program::{Op, Program};
+use crate::program::{Op, Program, Request};
 use crate::restore::InitialState;
 
 /// How to replay: the allocator settings, the allowed maximum, the device and its placement.
@@ -56,9 +57,12 @@ pub struct ReplayOutcome<D: Device = SimDevice> {
     pub segment_events: Vec<SegmentEvent>,
     pub ooms: Vec<Oom>,
     /// One flag per op: at a release run, an `empty_cache()` was applied there; at a completion,
-    /// it was held for the next malloc's synchronize.
+    /// it was held for the next malloc's synchronize. (Empty when streamed: not kept.)
     pub empty_cache: Vec<bool>,
-    /// The address each request got (`None`: it ran out of memory).
+    /// The request ordinals before which an `empty_cache()` call was applied.
+    pub empty_cache_requests: Vec<u32>,
+    /// The address each request got (`None`: it ran out of memory). (Empty when streamed: not
+    /// kept.)
     pub addresses: Vec<Option<u64>>,
     /// Peak `reserved_bytes.all`, same as `stats`, kept for convenience.
     pub peak_reserved: u64,
@@ -88,89 +92,119 @@ fn action_name(k: EventKind) -> &'static str {
 /// Replays `program` under `opts` on a simulated device.
 pub fn replay(program: &Program, opts: &ReplayOptions, empty_cache: EmptyCacheCalls<'_>) -> ReplayOutcome {
     let device = SimDevice::new(opts.device_memory, opts.placement.clone());
-    // The next malloc (op index) whose own release chain the ops before it belong to.
-    let mut inside_malloc: Option<usize> = None;
+    let mut inference = Inference::default();
     replay_on(program, opts, device, |alloc, oi| match empty_cache {
         EmptyCacheCalls::Given(f) => f.get(oi).copied().unwrap_or(false),
-        EmptyCacheCalls::Infer(trace) => {
-            let Some(m) = next_malloc(program, oi) else {
-                // No malloc follows: a release run is an empty_cache(); a completion is just that.
-                return matches!(program.ops[oi], Op::ReleaseRun { .. });
-            };
-            if inside_malloc == Some(m) {
-                // An earlier release run or completion before this malloc was its own: so is this.
-                return !matches!(program.ops[oi], Op::ReleaseRun { .. });
-            }
-            match program.ops[oi] {
-                Op::ReleaseRun { .. } => {
-                    let recorded: Vec<&TraceEntry> = program.ops[oi..m]
-                        .iter()
-                        .filter_map(|op| match *op {
-                            Op::ReleaseRun { start, end } => Some(&trace[start as usize..end as usize]),
-                            _ => None,
-                        })
-                        .flatten()
-                        .collect();
-                    let produced = next_malloc_makes(alloc, program, m, &recorded);
-                    if produced {
-                        inside_malloc = Some(m);
-                    }
-                    !produced
-                }
-                Op::Complete(_) | Op::CompletePre(_) => {
-                    let inside = completed_by_next_malloc(alloc, program, m, trace);
-                    if inside {
-                        inside_malloc = Some(m);
-                    }
-                    inside
-                }
-                _ => false,
-            }
-        }
+        EmptyCacheCalls::Infer(trace) => inference.decide(alloc, oi, &ProgramAhead { program, trace, oi }),
     })
 }
 
-/// The op index of the next malloc after `oi`, if only completions and release runs come between
+/// The ops from the current one on, as the `empty_cache()` inference ([`Inference`]) sees them.
+pub trait Ahead {
+    /// The op `k` places after the current one (0: the current one); `None` past the last.
+    fn op(&self, k: usize) -> Option<Op>;
+    /// The request of the malloc `k` places ahead.
+    fn request(&self, k: usize) -> Request;
+    /// The entries of the release run `k` places ahead.
+    fn release_entries(&self, k: usize) -> &[TraceEntry];
+    /// The recorded segment events right before the entry of the malloc `k` places ahead
+    /// ([`recorded_device_calls`]).
+    fn device_calls_before(&self, k: usize) -> Vec<(EventKind, u64, u64)>;
+}
+
+/// A whole [`Program`] and its trace, at op `oi`.
+struct ProgramAhead<'a> {
+    program: &'a Program,
+    trace: &'a [TraceEntry],
+    oi: usize,
+}
+
+impl Ahead for ProgramAhead<'_> {
+    fn op(&self, k: usize) -> Option<Op> {
+        self.program.ops.get(self.oi + k).copied()
+    }
+    fn request(&self, k: usize) -> Request {
+        match self.program.ops[self.oi + k] {
+            Op::Malloc(q) => self.program.requests[q as usize],
+            op => unreachable!("{op:?} is not a malloc"),
+        }
+    }
+    fn release_entries(&self, k: usize) -> &[TraceEntry] {
+        match self.program.ops[self.oi + k] {
+            Op::ReleaseRun { start, end } => &self.trace[start as usize..end as usize],
+            _ => &[],
+        }
+    }
+    fn device_calls_before(&self, k: usize) -> Vec<(EventKind, u64, u64)> {
+        let r = self.request(k);
+        recorded_device_calls(&self.trace[..r.trace_index as usize])
+    }
+}
+
+/// `EmptyCacheCalls::Infer`: decides, op by op, whether a release run was an `empty_cache()` call
+/// (the model's next `malloc` does not make exactly those releases itself) and whether a
+/// cross-stream completion was made by the next malloc's own synchronize. Needs the ops up to the
+/// next malloc ([`Ahead`]).
+#[derive(Clone, Debug, Default)]
+pub struct Inference {
+    /// The next malloc (op index) whose own release chain the ops before it belong to.
+    inside_malloc: Option<usize>,
+}
+
+impl Inference {
+    /// At op `oi` (a release run or a completion), on the allocator before it.
+    pub fn decide(&mut self, alloc: &CachingAllocator<SimDevice>, oi: usize, ahead: &impl Ahead) -> bool {
+        let release = matches!(ahead.op(0), Some(Op::ReleaseRun { .. }));
+        let Some(mk) = next_malloc(ahead) else {
+            // No malloc follows: a release run is an empty_cache(); a completion is just that.
+            return release;
+        };
+        if self.inside_malloc == Some(oi + mk) {
+            // An earlier release run or completion before this malloc was its own: so is this.
+            return !release;
+        }
+        match ahead.op(0) {
+            Some(Op::ReleaseRun { .. }) => {
+                let recorded: Vec<&TraceEntry> = (0..mk)
+                    .filter(|&k| matches!(ahead.op(k), Some(Op::ReleaseRun { .. })))
+                    .flat_map(|k| ahead.release_entries(k))
+                    .collect();
+                let produced = next_malloc_makes(alloc, &ahead.request(mk), &recorded);
+                if produced {
+                    self.inside_malloc = Some(oi + mk);
+                }
+                !produced
+            }
+            Some(Op::Complete(_) | Op::CompletePre(_)) => {
+                let inside = completed_by_next_malloc(alloc, &ahead.request(mk), || ahead.device_calls_before(mk));
+                if inside {
+                    self.inside_malloc = Some(oi + mk);
+                }
+                inside
+            }
+            _ => false,
+        }
+    }
+}
+
+/// How many ops ahead the next malloc is, if only completions and release runs come between
 /// (the entries a malloc's retry chain can emit before its own `alloc`).
-fn next_malloc(program: &Program, oi: usize) -> Option<usize> {
-    for (i, op) in program.ops.iter().enumerate().skip(oi + 1) {
-        match op {
-            Op::Malloc(_) => return Some(i),
-            Op::Complete(_) | Op::CompletePre(_) | Op::ReleaseRun { .. } => {}
+fn next_malloc(ahead: &impl Ahead) -> Option<usize> {
+    let mut k = 1;
+    loop {
+        match ahead.op(k)? {
+            Op::Malloc(_) => return Some(k),
+            Op::Complete(_) | Op::CompletePre(_) | Op::ReleaseRun { .. } => k += 1,
             _ => return None,
         }
     }
-    None
 }
 
-/// Were these cross-stream completions made by the next malloc's own `synchronize_and_free_events`
-/// (its OOM retry), rather than by `process_events` before it? The trace shows both the same way:
-/// `free_completed` entries before the request's `alloc`. Only with an allowed maximum can the
-/// first `alloc_block` fail; then the malloc is tried with the blocks still pending, and if it
-/// synchronizes and reproduces the recorded segment events and address, the completions were its own.
-fn completed_by_next_malloc(alloc: &CachingAllocator<SimDevice>, program: &Program, m: usize, trace: &[TraceEntry]) -> bool {
-    if alloc.allowed_memory_maximum.is_none() {
-        return false;
-    }
-    let Op::Malloc(req) = program.ops[m] else { return false };
-    let r = &program.requests[req as usize];
-    let mut trial = alloc.clone();
-    trial.events.clear();
-    let syncs = trial.stats.num_sync_all_streams;
-    let result = trial.malloc(r.size, r.stream, r.route);
-    if trial.stats.num_sync_all_streams == syncs {
-        return false;
-    }
-    let served_as_recorded = match result {
-        Ok(b) => !r.recorded_oom && trial.block(b).ptr == r.recorded_addr,
-        Err(_) => r.recorded_oom,
-    };
-    // The recorded segment entries of this malloc: those right before its alloc/oom entry.
-    let mut recorded: Vec<(EventKind, u64, u64)> = Vec::new();
-    let mut i = r.trace_index as usize;
-    while i > 0 {
-        i -= 1;
-        let e = &trace[i];
+/// The segment events a malloc's entry is recorded right after (the trailing ones of `before`,
+/// past completions), oldest first.
+pub fn recorded_device_calls(before: &[TraceEntry]) -> Vec<(EventKind, u64, u64)> {
+    let mut recorded = Vec::new();
+    for e in before.iter().rev() {
         let kind = match e.action {
             Action::SegmentAlloc => EventKind::SegmentAlloc,
             Action::SegmentFree => EventKind::SegmentFree,
@@ -182,9 +216,37 @@ fn completed_by_next_malloc(alloc: &CachingAllocator<SimDevice>, program: &Progr
         recorded.push((kind, e.addr, e.size));
     }
     recorded.reverse();
+    recorded
+}
+
+/// Were these cross-stream completions made by the next malloc's own `synchronize_and_free_events`
+/// (its OOM retry), rather than by `process_events` before it? The trace shows both the same way:
+/// `free_completed` entries before the request's `alloc`. Only with an allowed maximum can the
+/// first `alloc_block` fail; then the malloc is tried with the blocks still pending, and if it
+/// synchronizes and reproduces the recorded segment events (`recorded`) and address, the
+/// completions were its own.
+fn completed_by_next_malloc(
+    alloc: &CachingAllocator<SimDevice>,
+    r: &Request,
+    recorded: impl FnOnce() -> Vec<(EventKind, u64, u64)>,
+) -> bool {
+    if alloc.allowed_memory_maximum.is_none() {
+        return false;
+    }
+    let mut trial = alloc.clone();
+    trial.events.clear();
+    let syncs = trial.stats.num_sync_all_streams;
+    let result = trial.malloc(r.size, r.stream, r.route);
+    if trial.stats.num_sync_all_streams == syncs {
+        return false;
+    }
+    let served_as_recorded = match result {
+        Ok(b) => !r.recorded_oom && trial.block(b).ptr == r.recorded_addr,
+        Err(_) => r.recorded_oom,
+    };
     let made: Vec<(EventKind, u64, u64)> =
         trial.events.iter().filter(|e| e.kind != EventKind::Oom).map(|e| (e.kind, e.addr, e.size)).collect();
-    served_as_recorded && made == recorded
+    served_as_recorded && made == recorded()
 }
 
 /// Replays `program` under `opts` on `device` (a simulated or a real one). At each release run,
@@ -210,98 +272,235 @@ pub fn replay_observed<D: Device>(
     mut is_empty_cache: impl FnMut(&CachingAllocator<D>, usize) -> bool,
     mut observe: impl FnMut(&CachingAllocator<D>, usize),
 ) -> ReplayOutcome<D> {
-    let mut alloc = CachingAllocator::new(opts.config.clone(), device);
-    if opts.capacity.is_some() {
-        alloc.set_allowed_memory_maximum(opts.capacity);
-    }
-    for &id in &program.private_pools {
-        alloc.private_pool(id);
-    }
     let n = program.requests.len();
-    let mut blocks: Vec<Option<BlockId>> = vec![None; n];
-    let mut tokens: Vec<Option<u64>> = vec![None; n];
-    let mut addresses: Vec<Option<u64>> = vec![None; n];
-    let mut segment_events = Vec::new();
-    let mut ooms = Vec::new();
+    let mut st = Stepper::new(opts, device, VecSlots::new(n), &program.private_pools, program.initial.as_ref());
     let mut flags = vec![false; program.ops.len()];
-    let mut next_request = 0u32;
-    let npre = program.initial.as_ref().map_or(0, |s| s.blocks.len());
-    let mut pre_blocks: Vec<Option<BlockId>> = vec![None; npre];
-    let mut pre_tokens: Vec<Option<u64>> = vec![None; npre];
-    let mut restore_failures = Vec::new();
-    // Cross-stream completions that the next malloc's synchronize made.
-    let mut held: Vec<u64> = Vec::new();
-    if let Some(init) = &program.initial {
-        restore_failures = restore(&mut alloc, init, &mut pre_blocks, &mut pre_tokens);
-        // Counters count from the trace's start; peaks are the window's (see `crate::restore`).
-        alloc.events.clear();
-        alloc.reset_accumulated_stats();
-        alloc.stats.reset_peak();
-    }
-
-    fn drain<D: Device>(alloc: &mut CachingAllocator<D>, out: &mut Vec<SegmentEvent>, request: u32) {
-        for e in alloc.events.drain(..) {
-            if e.kind != EventKind::Oom {
-                let small = alloc.pools[e.pool as usize].is_small;
-                out.push(SegmentEvent { action: action_name(e.kind), addr: e.addr, size: e.size, stream: e.stream, request, small });
-            }
-        }
-    }
-
-    for (oi, op) in program.ops.iter().enumerate() {
+    let mut addresses: Vec<Option<u64>> = vec![None; n];
+    for (oi, &op) in program.ops.iter().enumerate() {
         if oi > 0 {
-            observe(&alloc, oi - 1);
+            observe(&st.alloc, oi - 1);
         }
-        match *op {
+        let request = match op {
+            Op::Malloc(q) => program.requests.get(q as usize),
+            _ => None,
+        };
+        let step = st.step(op, request, |alloc| is_empty_cache(alloc, oi));
+        flags[oi] = step.flag;
+        if let Op::Malloc(q) = op {
+            addresses[q as usize] = step.address;
+        }
+    }
+    st.complete_held();
+    if !program.ops.is_empty() {
+        observe(&st.alloc, program.ops.len() - 1);
+    }
+    st.finish(flags, addresses)
+}
+
+/// Where a [`Stepper`] keeps each request's block while it is allocated, and the token of its
+/// free while its cross-stream events are outstanding.
+pub trait Slots {
+    fn put_block(&mut self, req: u32, b: BlockId);
+    fn take_block(&mut self, req: u32) -> Option<BlockId>;
+    fn put_token(&mut self, req: u32, token: u64);
+    fn take_token(&mut self, req: u32) -> Option<u64>;
+}
+
+/// [`Slots`] indexed by request ordinal: for a whole [`Program`] (fast, one slot per request).
+#[derive(Clone, Debug, Default)]
+pub struct VecSlots {
+    blocks: Vec<Option<BlockId>>,
+    tokens: Vec<Option<u64>>,
+}
+
+impl VecSlots {
+    pub fn new(requests: usize) -> VecSlots {
+        VecSlots { blocks: vec![None; requests], tokens: vec![None; requests] }
+    }
+}
+
+impl Slots for VecSlots {
+    fn put_block(&mut self, req: u32, b: BlockId) {
+        self.blocks[req as usize] = Some(b);
+    }
+    fn take_block(&mut self, req: u32) -> Option<BlockId> {
+        self.blocks.get_mut(req as usize)?.take()
+    }
+    fn put_token(&mut self, req: u32, token: u64) {
+        self.tokens[req as usize] = Some(token);
+    }
+    fn take_token(&mut self, req: u32) -> Option<u64> {
+        self.tokens.get_mut(req as usize)?.take()
+    }
+}
+
+/// [`Slots`] of the live requests only: for a stream, where memory follows the live set.
+#[derive(Clone, Debug, Default)]
+pub struct MapSlots {
+    blocks: IntMap<u32, BlockId>,
+    tokens: IntMap<u32, u64>,
+}
+
+impl MapSlots {
+    /// Requests holding a block or a pending free.
+    pub fn len(&self) -> usize {
+        self.blocks.len() + self.tokens.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Slots for MapSlots {
+    fn put_block(&mut self, req: u32, b: BlockId) {
+        self.blocks.insert(req, b);
+    }
+    fn take_block(&mut self, req: u32) -> Option<BlockId> {
+        self.blocks.remove(&req)
+    }
+    fn put_token(&mut self, req: u32, token: u64) {
+        self.tokens.insert(req, token);
+    }
+    fn take_token(&mut self, req: u32) -> Option<u64> {
+        self.tokens.remove(&req)
+    }
+}
+
+/// What one op did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Step {
+    /// `is_empty_cache` was asked and said yes (an `empty_cache()` applied, or a completion held).
+    pub flag: bool,
+    /// A malloc's address.
+    pub address: Option<u64>,
+    /// A malloc ran out of memory.
+    pub oom: bool,
+}
+
+/// The allocator driven op by op: the one implementation of each op, for a whole [`Program`]
+/// ([`replay_observed`]) and for a stream (`crate::stream`).
+pub struct Stepper<D: Device, S: Slots> {
+    pub alloc: CachingAllocator<D>,
+    slots: S,
+    pre_blocks: Vec<Option<BlockId>>,
+    pre_tokens: Vec<Option<u64>>,
+    segment_events: Vec<SegmentEvent>,
+    ooms: Vec<Oom>,
+    empty_cache_requests: Vec<u32>,
+    next_request: u32,
+    /// Cross-stream completions that the next malloc's synchronize made.
+    held: Vec<u64>,
+    restore_failures: Vec<String>,
+}
+
+fn drain<D: Device>(alloc: &mut CachingAllocator<D>, out: &mut Vec<SegmentEvent>, request: u32) {
+    for e in alloc.events.drain(..) {
+        if e.kind != EventKind::Oom {
+            let small = alloc.pools[e.pool as usize].is_small;
+            out.push(SegmentEvent { action: action_name(e.kind), addr: e.addr, size: e.size, stream: e.stream, request, small });
+        }
+    }
+}
+
+impl<D: Device, S: Slots> Stepper<D, S> {
+    /// A fresh allocator under `opts` on `device`, with `private_pools` made (in that order) and
+    /// `initial` restored.
+    pub fn new(opts: &ReplayOptions, device: D, slots: S, private_pools: &[MempoolId], initial: Option<&InitialState>) -> Self {
+        let mut alloc = CachingAllocator::new(opts.config.clone(), device);
+        if opts.capacity.is_some() {
+            alloc.set_allowed_memory_maximum(opts.capacity);
+        }
+        for &id in private_pools {
+            alloc.private_pool(id);
+        }
+        let npre = initial.map_or(0, |s| s.blocks.len());
+        let mut st = Stepper {
+            alloc,
+            slots,
+            pre_blocks: vec![None; npre],
+            pre_tokens: vec![None; npre],
+            segment_events: Vec::new(),
+            ooms: Vec::new(),
+            empty_cache_requests: Vec::new(),
+            next_request: 0,
+            held: Vec::new(),
+            restore_failures: Vec::new(),
+        };
+        if let Some(init) = initial {
+            st.restore_failures = restore(&mut st.alloc, init, &mut st.pre_blocks, &mut st.pre_tokens);
+            // Counters count from the trace's start; peaks are the window's (see `crate::restore`).
+            st.alloc.events.clear();
+            st.alloc.reset_accumulated_stats();
+            st.alloc.stats.reset_peak();
+        }
+        st
+    }
+
+    /// Applies `op` (`request`: a malloc's). At a release run, and at a completion of a pending
+    /// free, `is_empty_cache(allocator)` says whether it was an `empty_cache()` call, or a
+    /// completion the next malloc's synchronize made.
+    pub fn step(&mut self, op: Op, request: Option<&Request>, is_empty_cache: impl FnOnce(&CachingAllocator<D>) -> bool) -> Step {
+        let mut step = Step::default();
+        let alloc = &mut self.alloc;
+        match op {
             Op::Malloc(req) => {
-                let r = &program.requests[req as usize];
+                let Some(r) = request else {
+                    debug_assert!(false, "a malloc without its request");
+                    return step;
+                };
                 match alloc.malloc(r.size, r.stream, r.route) {
                     Ok(b) => {
-                        blocks[req as usize] = Some(b);
-                        addresses[req as usize] = Some(alloc.block(b).ptr);
+                        self.slots.put_block(req, b);
+                        step.address = Some(alloc.block(b).ptr);
                     }
-                    Err(info) => ooms.push(Oom { request: req, info }),
+                    Err(info) => {
+                        self.ooms.push(Oom { request: req, info });
+                        step.oom = true;
+                    }
                 }
-                drain(&mut alloc, &mut segment_events, req);
-                next_request = req + 1;
+                drain(alloc, &mut self.segment_events, req);
+                self.next_request = req + 1;
                 // Completions held for this malloc's synchronize happened by its end at the latest.
-                for t in held.drain(..) {
+                for t in self.held.drain(..) {
                     alloc.complete_free(t);
                 }
             }
             Op::Free { req, deferred } => {
-                if let Some(b) = blocks[req as usize].take() {
-                    tokens[req as usize] = alloc.free(b, deferred);
+                if let Some(b) = self.slots.take_block(req)
+                    && let Some(t) = alloc.free(b, deferred)
+                {
+                    self.slots.put_token(req, t);
                 }
             }
             Op::Complete(req) => {
-                if let Some(t) = tokens[req as usize].take() {
-                    if is_empty_cache(&alloc, oi) {
+                if let Some(t) = self.slots.take_token(req) {
+                    if is_empty_cache(alloc) {
                         // Completed by the next malloc's own synchronize (see `replay`).
-                        flags[oi] = true;
-                        held.push(t);
+                        step.flag = true;
+                        self.held.push(t);
                     } else {
                         alloc.complete_free(t);
                     }
                 }
             }
             Op::ReleaseRun { .. } => {
-                if is_empty_cache(&alloc, oi) {
-                    flags[oi] = true;
+                if is_empty_cache(alloc) {
+                    step.flag = true;
                     alloc.empty_cache();
-                    drain(&mut alloc, &mut segment_events, next_request);
+                    drain(alloc, &mut self.segment_events, self.next_request);
+                    self.empty_cache_requests.push(self.next_request);
                 }
             }
             Op::FreePre { pre, deferred } => {
-                if let Some(b) = pre_blocks[pre as usize].take() {
-                    pre_tokens[pre as usize] = alloc.free(b, deferred);
+                if let Some(b) = self.pre_blocks.get_mut(pre as usize).and_then(Option::take) {
+                    self.pre_tokens[pre as usize] = alloc.free(b, deferred);
                 }
             }
             Op::CompletePre(pre) => {
-                if let Some(t) = pre_tokens[pre as usize].take() {
-                    if is_empty_cache(&alloc, oi) {
-                        flags[oi] = true;
-                        held.push(t);
+                if let Some(t) = self.pre_tokens.get_mut(pre as usize).and_then(Option::take) {
+                    if is_empty_cache(alloc) {
+                        step.flag = true;
+                        self.held.push(t);
                     } else {
                         alloc.complete_free(t);
                     }
@@ -313,26 +512,38 @@ pub fn replay_observed<D: Device>(
                 } else {
                     alloc.release_segment_at(addr);
                 }
-                drain(&mut alloc, &mut segment_events, next_request);
+                drain(alloc, &mut self.segment_events, self.next_request);
             }
         }
+        step
     }
-    for t in held.drain(..) {
-        alloc.complete_free(t);
+
+    /// The end of the trace: completions still held complete.
+    pub fn complete_held(&mut self) {
+        for t in self.held.drain(..) {
+            self.alloc.complete_free(t);
+        }
     }
-    if !program.ops.is_empty() {
-        observe(&alloc, program.ops.len() - 1);
+
+    /// OOMs so far.
+    pub fn ooms(&self) -> &[Oom] {
+        &self.ooms
     }
-    let stats = alloc.stats.clone();
-    ReplayOutcome {
-        peak_reserved: stats.reserved_bytes.all().peak as u64,
-        stats,
-        segment_events,
-        ooms,
-        empty_cache: flags,
-        addresses,
-        allocator: alloc,
-        restore_failures,
+
+    /// The outcome (`flags` and `addresses` as the caller kept them, or empty).
+    pub fn finish(self, flags: Vec<bool>, addresses: Vec<Option<u64>>) -> ReplayOutcome<D> {
+        let stats = self.alloc.stats.clone();
+        ReplayOutcome {
+            peak_reserved: stats.reserved_bytes.all().peak as u64,
+            stats,
+            segment_events: self.segment_events,
+            ooms: self.ooms,
+            empty_cache: flags,
+            empty_cache_requests: self.empty_cache_requests,
+            addresses,
+            allocator: self.alloc,
+            restore_failures: self.restore_failures,
+        }
     }
 }
 
@@ -381,11 +592,8 @@ fn restore<D: Device>(
     failures
 }
 
-/// Would the next op, a `malloc`, release exactly the recorded segments itself?
-/// Would malloc `m` release exactly the recorded segments itself (in its retry chain)?
-fn next_malloc_makes(alloc: &CachingAllocator<SimDevice>, program: &Program, m: usize, recorded: &[&TraceEntry]) -> bool {
-    let Op::Malloc(req) = program.ops[m] else { return false };
-    let r = &program.requests[req as usize];
+/// Would the malloc of `r` release exactly the recorded segments itself (in its retry chain)?
+fn next_malloc_makes(alloc: &CachingAllocator<SimDevice>, r: &Request, recorded: &[&TraceEntry]) -> bool {
     let mut trial = alloc.clone();
     let _ = trial.malloc(r.size, r.stream, r.route);
     let released = trial.events.iter().filter(|e| matches!(e.kind, EventKind::SegmentFree | EventKind::SegmentUnmap));

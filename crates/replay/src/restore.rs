@@ -48,6 +48,7 @@ use std::collections::BTreeMap;
 use allocsim_model::AllocatorConfig;
 use allocsim_model::allocator::MempoolId;
 use allocsim_model::constants::{K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE};
+use allocsim_trace::hash::IntSet;
 use allocsim_trace::{Action, BlockState, SnapshotSegment, TraceEntry};
 
 /// An active block at the trace's start.
@@ -433,4 +434,82 @@ pub fn reconstruct(
     out.segments = pre;
     out.blocks = blocks;
     Ok(out)
+}
+
+/// Whether a trace that [`crate::program::starts_mid_history`] does not flag starts from an empty
+/// allocator as far as [`reconstruct`] is concerned, decided entry by entry (for a stream, which
+/// cannot be undone backwards): [`EmptyStart::finish`] is true when `reconstruct` can only find an
+/// empty state or fail, both of which replay from an empty allocator without a note.
+///
+/// Undoing the trace leaves a final segment in the initial state only when the trace never
+/// `segment_alloc`'d its address (a `segment_free` before any `segment_alloc` of an address is
+/// flagged by `starts_mid_history`), and leaves a final mapped page only when the trace never
+/// mapped it or unmapped it before mapping it. So it is enough that every final segment's address
+/// had a `segment_alloc`, that every final expandable range is mapped at the end by the trace's own
+/// maps, and that every unmap unmaps pages the trace had mapped. Otherwise (false) the answer is
+/// not known without undoing the trace.
+#[derive(Clone, Debug, Default)]
+pub struct EmptyStart {
+    /// Final (not expandable) segments whose address no `segment_alloc` had yet.
+    unseen: IntSet<u64>,
+    /// Final expandable ranges: (address, end).
+    final_mapped: Vec<(u64, u64)>,
+    /// Pages the trace mapped and has not unmapped: start → end (adjacent ranges merged).
+    mapped: BTreeMap<u64, u64>,
+    /// An unmap of pages the trace had not mapped.
+    stray_unmap: bool,
+}
+
+impl EmptyStart {
+    /// `segments`: the device's final segments.
+    pub fn new(segments: &[SnapshotSegment]) -> EmptyStart {
+        EmptyStart {
+            unseen: segments.iter().filter(|s| !s.is_expandable).map(|s| s.address).collect(),
+            final_mapped: segments.iter().filter(|s| s.is_expandable).map(|s| (s.address, s.address.saturating_add(s.total_size))).collect(),
+            ..Default::default()
+        }
+    }
+
+    pub fn push(&mut self, e: &TraceEntry) {
+        let end = e.addr.saturating_add(e.size);
+        match e.action {
+            Action::SegmentAlloc => {
+                self.unseen.remove(&e.addr);
+            }
+            Action::SegmentMap => {
+                let (mut start, mut stop) = (e.addr, end);
+                if let Some((&s, &t)) = self.mapped.range(..=start).next_back()
+                    && t >= start
+                {
+                    self.mapped.remove(&s);
+                    start = s;
+                    stop = stop.max(t);
+                }
+                while let Some((&s, &t)) = self.mapped.range(start..=stop).next() {
+                    self.mapped.remove(&s);
+                    stop = stop.max(t);
+                }
+                self.mapped.insert(start, stop);
+            }
+            Action::SegmentUnmap => match self.mapped.range(..=e.addr).next_back().map(|(&s, &t)| (s, t)) {
+                Some((s, t)) if t >= end => {
+                    self.mapped.remove(&s);
+                    if s < e.addr {
+                        self.mapped.insert(s, e.addr);
+                    }
+                    if end < t {
+                        self.mapped.insert(end, t);
+                    }
+                }
+                _ => self.stray_unmap = true,
+            },
+            _ => {}
+        }
+    }
+
+    /// After the last entry: true when `reconstruct` would find an empty state or fail.
+    pub fn finish(&self) -> bool {
+        let covered = |&(a, b): &(u64, u64)| self.mapped.range(..=a).next_back().is_some_and(|(_, &t)| t >= b);
+        self.unseen.is_empty() && !self.stray_unmap && self.final_mapped.iter().all(covered)
+    }
 }

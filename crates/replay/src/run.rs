@@ -7,9 +7,10 @@
 use allocsim_model::constants::H200_TOTAL_MEMORY;
 use allocsim_model::AllocatorConfig;
 use allocsim_model::Placement;
-use allocsim_trace::{Frame, Snapshot, SnapshotSegment, TraceEntry};
+use allocsim_trace::{Frame, RecordedSettings, Snapshot, SnapshotSegment, TraceEntry};
 
-use crate::program::{Op, Program};
+use crate::program::{Program, Request};
+use crate::restore::InitialState;
 use crate::version::TorchVersion;
 use crate::replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, plausible_placements_from, recorded_placement_from, replay};
 
@@ -33,6 +34,27 @@ pub struct ReplaySpec<'a> {
     pub device: Option<usize>,
     /// The PyTorch release whose allocator rules apply (the snapshot does not record it).
     pub torch_version: TorchVersion,
+}
+
+impl ReplaySpec<'_> {
+    /// The trace's own settings (`recorded`) and the config to replay under (`config`, else the
+    /// own), as PyTorch `torch_version` parses them.
+    pub fn configs(&self, recorded: &RecordedSettings) -> Result<(AllocatorConfig, AllocatorConfig), RunError> {
+        let version = self.torch_version;
+        let own = settings_config(recorded, version)?;
+        let config = match &self.config {
+            Some(c) if version == TorchVersion::DEFAULT => AllocatorConfig::parse(c).map_err(|err| RunError::Config { conf: c.clone(), err })?,
+            Some(c) => version.parse_config(c).map_err(|err| RunError::ConfigFor { conf: c.clone(), err, version })?,
+            None => own.clone(),
+        };
+        Ok((own, config))
+    }
+
+    /// The allowed maximum the trace was recorded under: `trace_capacity`, else `capacity` when
+    /// replaying under the trace's own settings.
+    pub fn trace_capacity_for(&self, own: &AllocatorConfig, config: &AllocatorConfig) -> Option<u64> {
+        self.trace_capacity.or(if same_settings(config, own) { self.capacity } else { None })
+    }
 }
 
 impl Default for ReplaySpec<'_> {
@@ -85,17 +107,62 @@ pub struct Replayed {
 impl Replayed {
     /// The request ordinals before which an `empty_cache()` call was applied.
     pub fn empty_cache_requests(&self) -> Vec<u32> {
-        let mut next = 0u32;
-        let mut out = Vec::new();
-        for (op, &f) in self.program.ops.iter().zip(&self.outcome.empty_cache) {
-            match *op {
-                Op::Malloc(r) => next = r + 1,
-                Op::ReleaseRun { .. } if f => out.push(next),
-                _ => {}
-            }
-        }
-        out
+        self.outcome.empty_cache_requests.clone()
     }
+
+    /// What `allocsim replay` reports of it.
+    pub fn into_summary(self) -> ReplaySummary {
+        let device_memory = self.options.device_memory;
+        let oom_requests = self
+            .outcome
+            .ooms
+            .iter()
+            .map(|o| {
+                let req = self.program.requests[o.request as usize];
+                (req, crate::oom::device_free_estimate(&self.trace, &req, &o.info, self.own_settings, device_memory))
+            })
+            .collect();
+        ReplaySummary {
+            device: self.device,
+            options: self.options,
+            own_settings: self.own_settings,
+            requests: self.program.requests.len(),
+            outcome: self.outcome,
+            oom_requests,
+            unknown_frees: self.program.unknown_frees,
+            initial: self.program.initial,
+            reconstruct_error: self.program.reconstruct_error,
+            placements: self.placements,
+            streamed: false,
+        }
+    }
+}
+
+/// What `allocsim replay` reports of one device's replay, from either path: a [`Replayed`]
+/// ([`Replayed::into_summary`]) or a replay of a stream (`crate::stream`).
+#[derive(Clone, Debug)]
+pub struct ReplaySummary {
+    pub device: usize,
+    pub options: ReplayOptions,
+    /// Replayed under the trace's own settings and allowed maximum.
+    pub own_settings: bool,
+    /// The requests in the trace (its `alloc` and `oom` entries).
+    pub requests: usize,
+    /// The replay. Streamed: without `addresses` and `empty_cache` flags (not kept).
+    pub outcome: ReplayOutcome,
+    /// For each of `outcome.ooms`: its request, and `device_free` for PyTorch's message (see
+    /// [`crate::oom::device_free_estimate`]).
+    pub oom_requests: Vec<(Request, u64)>,
+    /// See [`Program::unknown_frees`].
+    pub unknown_frees: u32,
+    /// See [`Program::initial`].
+    pub initial: Option<InitialState>,
+    /// See [`Program::reconstruct_error`].
+    pub reconstruct_error: Option<String>,
+    /// (placement name, outcome) for `placements`.
+    pub placements: Vec<(String, ReplayOutcome)>,
+    /// Replayed in one pass over a stream of entries.
+    pub streamed: bool,
 }
 
 /// The settings the snapshot was recorded under.
@@ -105,7 +172,11 @@ pub fn recorded_config(snap: &Snapshot) -> Result<AllocatorConfig, RunError> {
 
 /// The settings the snapshot was recorded under, parsed as PyTorch `version` parses them.
 pub fn recorded_config_for(snap: &Snapshot, version: TorchVersion) -> Result<AllocatorConfig, RunError> {
-    let s = &snap.settings;
+    settings_config(&snap.settings, version)
+}
+
+/// The settings a trace recorded (`allocator_settings`), parsed as PyTorch `version` parses them.
+pub fn settings_config(s: &RecordedSettings, version: TorchVersion) -> Result<AllocatorConfig, RunError> {
     match &s.alloc_conf {
         Some(conf) if version == TorchVersion::DEFAULT => {
             AllocatorConfig::parse(conf).map_err(|err| RunError::RecordedConfig { conf: conf.clone(), err })
@@ -128,7 +199,8 @@ pub fn recorded_config_for(snap: &Snapshot, version: TorchVersion) -> Result<All
     }
 }
 
-fn same_settings(a: &AllocatorConfig, b: &AllocatorConfig) -> bool {
+/// Whether two configs are the same settings (whatever strings they were parsed from).
+pub fn same_settings(a: &AllocatorConfig, b: &AllocatorConfig) -> bool {
     let (mut a, mut b) = (a.clone(), b.clone());
     a.source.clear();
     b.source.clear();
@@ -238,16 +310,10 @@ impl Prepared {
 
 /// Replays one device of `snap` as `spec` asks.
 pub fn run(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Replayed, RunError> {
+    let (own, config) = spec.configs(&snap.settings)?;
     let version = spec.torch_version;
-    let own = recorded_config_for(snap, version)?;
-    let config = match &spec.config {
-        Some(c) if version == TorchVersion::DEFAULT => AllocatorConfig::parse(c).map_err(|err| RunError::Config { conf: c.clone(), err })?,
-        Some(c) => version.parse_config(c).map_err(|err| RunError::ConfigFor { conf: c.clone(), err, version })?,
-        None => own.clone(),
-    };
     // Where were the empty_cache() calls? Decided under the trace's own settings and addresses.
-    let own_config = same_settings(&config, &own);
-    let trace_capacity = spec.trace_capacity.or(if own_config { spec.capacity } else { None });
+    let trace_capacity = spec.trace_capacity_for(&own, &config);
     let prepared = Prepared::new_for(snap, spec.device, spec.device_memory, trace_capacity, version)?;
     let placement = match spec.addresses_from {
         Some(other) => recorded_placement_from(

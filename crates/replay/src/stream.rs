@@ -1,0 +1,454 @@
+//! A replay in one pass over a stream of trace entries, in memory bounded by the live set.
+//!
+//! [`replay_stream`] answers the question [`crate::run::run`] answers (one device, or every device
+//! with entries) without holding the trace: each entry is checked ([`crate::check`]), turned into
+//! ops as it comes ([`ProgramBuilder`], the rules of [`crate::program`]), and the ops drive the
+//! allocator through the same [`Stepper`] as an in-memory replay. What is kept is what is live:
+//! the blocks of live requests (by ordinal), the addresses of live blocks (to name the request a
+//! free refers to), pending cross-stream frees, and a lookahead of a few entries: the entry after
+//! a free, a run of releases, and the ops up to the next malloc, which the `empty_cache()`
+//! inference ([`Inference`]) tries on a clone of the allocator. When the config differs from the
+//! trace's own settings, two allocators run in lock-step: one under the trace's own settings
+//! (and allowed maximum) infers the `empty_cache()` calls, the other applies them, which is what
+//! [`crate::run::run`] does in two passes.
+//!
+//! What a stream needs before its entries comes from a first pass (for a JSON Lines file,
+//! `allocsim_trace::jsonl_stream::scan`): the recorded settings, the final segments (private
+//! pools) and the segment events (the recorded run's addresses).
+//!
+//! Where one pass cannot give [`crate::run::run`]'s answer, [`replay_stream`] says so
+//! ([`Streamed::Fallback`]) and the caller replays in memory:
+//! * `--addresses-from` and `--placements` (other traces, several replays);
+//! * a trace that starts mid-history ([`MidHistory`]: a free, release or unmap of something the
+//!   trace did not allocate): its initial state is reconstructed backwards from the final
+//!   segments ([`crate::restore`]), which takes the whole trace;
+//! * final segments that the trace did not allocate ([`EmptyStart`]), for the same reason.
+//!
+//! Whether the trace has cross-stream frees at all is a property of the whole trace that decides
+//! some frees (see [`ProgramBuilder`]); when a free was decided before the first cross-stream free
+//! was seen, the stream is replayed once more knowing it.
+//!
+//! Not kept (so not in the result): each request's address and the per-op flags
+//! ([`ReplayOutcome::addresses`], [`ReplayOutcome::empty_cache`]). Kept, and growing with the trace
+//! rather than with the live set: the model's segment events, OOMs and `empty_cache()` request
+//! numbers (the output), and the recorded segment events of the first pass (the recorded run's
+//! addresses), all proportional to the segment events and OOMs, not to the requests.
+
+use std::collections::VecDeque;
+
+use allocsim_model::allocator::EventKind;
+use allocsim_model::{AllocatorConfig, SimDevice};
+use allocsim_trace::hash::IntMap;
+use allocsim_trace::{Action, RecordedSettings, SnapshotSegment, TraceEntry};
+
+use crate::check::{TraceCheckError, check_entry, check_segments};
+use crate::oom::{RecordedMemory, device_free_with};
+use crate::program::{Built, MidHistory, Op, ProgramBuilder, Request};
+use crate::replay::{Ahead, Inference, MapSlots, ReplayOptions, Stepper, recorded_device_calls, recorded_placement_from};
+use crate::restore::EmptyStart;
+use crate::run::{ReplaySpec, ReplaySummary, RunError, same_settings};
+
+/// What a stream's replay needs before its entries.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamInput<'a> {
+    /// The settings the trace recorded.
+    pub settings: &'a RecordedSettings,
+    /// The number of devices the trace declares (`None`: one more than the highest device seen).
+    pub devices: Option<usize>,
+    /// The final segments, every device's.
+    pub segments: &'a [SnapshotSegment],
+    /// By device: its segment entries (`segment_alloc`, `segment_free`, `segment_map`,
+    /// `segment_unmap`) in trace order.
+    pub segment_entries: &'a [Vec<TraceEntry>],
+}
+
+/// The outcome of [`replay_stream`].
+#[derive(Debug)]
+pub enum Streamed {
+    /// One summary per device replayed, in device order (as [`crate::devices::run_devices`], or
+    /// [`crate::run::run`] for one device).
+    Done(Vec<ReplaySummary>),
+    /// One pass cannot give the in-memory answer, for this reason: replay in memory.
+    Fallback(String),
+}
+
+/// Why [`replay_stream`] failed: the question or the trace (as [`crate::run::run`] would say), or
+/// reading the stream.
+#[derive(Debug)]
+pub enum StreamError<E> {
+    Run(RunError),
+    Read(E),
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for StreamError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamError::Run(e) => e.fmt(f),
+            StreamError::Read(e) => e.fmt(f),
+        }
+    }
+}
+
+impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for StreamError<E> {}
+
+/// Replays the entries `open()` streams, as `spec` asks, in one pass (two when the trace has
+/// cross-stream frees that the first pass learned of too late; `open` is called once per pass).
+/// The stream yields `(device, entry)` in trace order; a read error ends the replay with that
+/// error, which comes before any error about the question or the trace (as when a trace is read
+/// whole first).
+pub fn replay_stream<I, E>(
+    input: &StreamInput<'_>,
+    spec: &ReplaySpec<'_>,
+    mut open: impl FnMut() -> Result<I, E>,
+) -> Result<Streamed, StreamError<E>>
+where
+    I: Iterator<Item = Result<(usize, TraceEntry), E>>,
+{
+    if spec.addresses_from.is_some() {
+        return Ok(Streamed::Fallback("--addresses-from takes another run's whole trace".into()));
+    }
+    if spec.placements.is_some() {
+        return Ok(Streamed::Fallback("--placements replays the trace once per placement".into()));
+    }
+    let (own, config) = match spec.configs(input.settings) {
+        Ok(c) => c,
+        Err(e) => {
+            // A whole-trace read reports a bad line before a bad setting.
+            for item in open().map_err(StreamError::Read)? {
+                item.map_err(StreamError::Read)?;
+            }
+            return Err(StreamError::Run(e));
+        }
+    };
+    let trace_capacity = spec.trace_capacity_for(&own, &config);
+    let own_settings = same_settings(&config, &own) && spec.capacity == trace_capacity;
+    let ctx = Ctx { input, spec, own, config, trace_capacity, own_settings };
+    let mut cross: Vec<Option<bool>> = Vec::new();
+    for _ in 0..2 {
+        match pass(&ctx, open().map_err(StreamError::Read)?, &cross)? {
+            Pass::Done(v) => return Ok(Streamed::Done(v)),
+            Pass::Fallback(why) => return Ok(Streamed::Fallback(why)),
+            Pass::Again(known) => cross = known,
+        }
+    }
+    Ok(Streamed::Fallback("the cross-stream frees could not be settled in two passes".into()))
+}
+
+struct Ctx<'a> {
+    input: &'a StreamInput<'a>,
+    spec: &'a ReplaySpec<'a>,
+    own: AllocatorConfig,
+    config: AllocatorConfig,
+    trace_capacity: Option<u64>,
+    own_settings: bool,
+}
+
+enum Pass {
+    Done(Vec<ReplaySummary>),
+    Fallback(String),
+    /// Replay again, knowing by device whether the trace has cross-stream frees.
+    Again(Vec<Option<bool>>),
+}
+
+fn pass<I, E>(ctx: &Ctx<'_>, events: I, cross: &[Option<bool>]) -> Result<Pass, StreamError<E>>
+where
+    I: Iterator<Item = Result<(usize, TraceEntry), E>>,
+{
+    let known = |d: usize| cross.get(d).copied().flatten();
+    let mut streams: Vec<Option<DeviceStream>> = Vec::new();
+    let mut highest: Option<usize> = None;
+    for item in events {
+        let (d, e) = item.map_err(StreamError::Read)?;
+        highest = Some(highest.map_or(d, |h| h.max(d)));
+        if ctx.spec.device.is_some_and(|w| w != d) {
+            continue;
+        }
+        if streams.len() <= d {
+            streams.resize_with(d + 1, || None);
+        }
+        let s = streams[d].get_or_insert_with(|| DeviceStream::new(ctx, d, known(d)));
+        if let Err(why) = s.push(e) {
+            return Ok(Pass::Fallback(why));
+        }
+    }
+    let count = ctx.input.devices.unwrap_or(highest.map_or(0, |h| h + 1));
+    let run: Vec<usize> = match ctx.spec.device {
+        Some(d) => vec![d],
+        None => {
+            let with_entries: Vec<usize> = (0..streams.len()).filter(|&d| streams[d].is_some()).collect();
+            if with_entries.is_empty() { vec![0] } else { with_entries }
+        }
+    };
+    let mut out = Vec::new();
+    let mut again = false;
+    let mut learned: Vec<Option<bool>> = vec![None; count.max(streams.len())];
+    for d in run {
+        if d >= count {
+            return Err(StreamError::Run(RunError::NoDevice(d, count)));
+        }
+        let s = streams.get_mut(d).and_then(Option::take).unwrap_or_else(|| DeviceStream::new(ctx, d, known(d)));
+        let (finished, seen) = s.finish().map_err(StreamError::Run)?;
+        learned[d] = Some(seen);
+        match finished {
+            Finished::Done(summary) => out.push(*summary),
+            Finished::Fallback(why) => return Ok(Pass::Fallback(why)),
+            Finished::Again => again = true,
+        }
+    }
+    Ok(if again { Pass::Again(learned) } else { Pass::Done(out) })
+}
+
+/// An op waiting for the lookahead its decision needs.
+struct Queued {
+    op: Op,
+    request: Option<Request>,
+    /// See [`Built::entries`].
+    entries: Vec<TraceEntry>,
+}
+
+impl From<Built<'_>> for Queued {
+    fn from(b: Built<'_>) -> Queued {
+        Queued { op: b.op, request: b.request, entries: b.entries.to_vec() }
+    }
+}
+
+/// The queued ops from the front on.
+struct QueueAhead<'a>(&'a VecDeque<Queued>);
+
+impl Ahead for QueueAhead<'_> {
+    fn op(&self, k: usize) -> Option<Op> {
+        self.0.get(k).map(|q| q.op)
+    }
+    fn request(&self, k: usize) -> Request {
+        self.0[k].request.expect("a queued malloc carries its request")
+    }
+    fn release_entries(&self, k: usize) -> &[TraceEntry] {
+        &self.0[k].entries
+    }
+    fn device_calls_before(&self, k: usize) -> Vec<(EventKind, u64, u64)> {
+        recorded_device_calls(&self.0[k].entries)
+    }
+}
+
+/// Whether the queue holds what [`Inference::decide`] looks at for its front op: the ops up to
+/// the next malloc, or to an op that ends the search.
+fn lookahead_ready(queue: &VecDeque<Queued>) -> bool {
+    for q in queue.iter().skip(1) {
+        match q.op {
+            Op::Complete(_) | Op::CompletePre(_) | Op::ReleaseRun { .. } => continue,
+            _ => return true,
+        }
+    }
+    false
+}
+
+fn is_segment_event(a: Action) -> bool {
+    matches!(a, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
+}
+
+enum Finished {
+    Done(Box<ReplaySummary>),
+    Fallback(String),
+    Again,
+}
+
+/// One device's replay as its entries come.
+struct DeviceStream<'a> {
+    device: usize,
+    device_memory: u64,
+    own_settings: bool,
+    options: ReplayOptions,
+    /// Entries pushed.
+    index: usize,
+    /// The first entry out of bounds (then entries are only counted).
+    entry_error: Option<TraceCheckError>,
+    /// Final segments out of bounds (then entries are only checked).
+    segments_error: Option<TraceCheckError>,
+    /// The first pass's segment entries of this device, and how many the stream has matched.
+    segment_entries: &'a [TraceEntry],
+    segments_seen: usize,
+    mid: MidHistory,
+    empty_start: EmptyStart,
+    recorded: RecordedMemory,
+    /// The bytes the trace had reserved before each `oom` entry (by trace index).
+    reserved_before_oom: IntMap<u32, u64>,
+    builder: ProgramBuilder,
+    queue: VecDeque<Queued>,
+    /// The op index of the queue's front.
+    ops: usize,
+    inference: Inference,
+    /// Under the trace's own settings: infers the `empty_cache()` calls.
+    own: Stepper<SimDevice, MapSlots>,
+    /// Under the requested config, when it is not the own: applies them.
+    target: Option<Stepper<SimDevice, MapSlots>>,
+    /// The requests of the reported replay's OOMs.
+    oom_requests: Vec<Request>,
+}
+
+impl<'a> DeviceStream<'a> {
+    fn new(ctx: &Ctx<'a>, device: usize, cross_stream: Option<bool>) -> DeviceStream<'a> {
+        let segments: Vec<SnapshotSegment> = ctx.input.segments.iter().filter(|s| s.device == device as i64).cloned().collect();
+        let segment_entries: &'a [TraceEntry] = ctx.input.segment_entries.get(device).map_or(&[], |v| v.as_slice());
+        let device_memory = ctx.spec.device_memory;
+        let placement = recorded_placement_from(segment_entries, device_memory, None);
+        let own_options = ReplayOptions {
+            config: ctx.own.clone(),
+            capacity: ctx.trace_capacity,
+            device_memory,
+            placement: placement.clone(),
+        };
+        let options = ReplayOptions { config: ctx.config.clone(), capacity: ctx.spec.capacity, device_memory, placement: placement.clone() };
+        let stepper = |o: &ReplayOptions| Stepper::new(o, SimDevice::new(device_memory, o.placement.clone()), MapSlots::default(), &[], None);
+        let own = stepper(&own_options);
+        let target = (!ctx.own_settings).then(|| stepper(&options));
+        let segment_allocs = segment_entries.iter().filter(|e| e.action == Action::SegmentAlloc).map(|e| e.addr);
+        DeviceStream {
+            device,
+            device_memory,
+            own_settings: ctx.own_settings,
+            options,
+            index: 0,
+            entry_error: None,
+            segments_error: check_segments(device, &segments).err(),
+            segment_entries,
+            segments_seen: 0,
+            mid: MidHistory::default(),
+            empty_start: EmptyStart::new(&segments),
+            recorded: RecordedMemory::default(),
+            reserved_before_oom: IntMap::default(),
+            builder: ProgramBuilder::new(&segments, segment_allocs, None, cross_stream),
+            queue: VecDeque::new(),
+            ops: 0,
+            inference: Inference::default(),
+            own,
+            target,
+            oom_requests: Vec::new(),
+        }
+    }
+
+    /// The next entry; `Err`: replay in memory, for this reason.
+    fn push(&mut self, e: TraceEntry) -> Result<(), String> {
+        if self.entry_error.is_some() {
+            return Ok(());
+        }
+        let index = self.index;
+        self.index += 1;
+        if let Err(err) = check_entry(self.device, index, &e) {
+            self.entry_error = Some(err);
+            return Ok(());
+        }
+        if self.segments_error.is_some() {
+            return Ok(());
+        }
+        if is_segment_event(e.action) {
+            if self.segment_entries.get(self.segments_seen) != Some(&e) {
+                return Err(format!("device {}'s segment events differ from the first pass's (the file changed?)", self.device));
+            }
+            self.segments_seen += 1;
+        }
+        if self.mid.push(&e) {
+            return Err(format!(
+                "device {}'s trace starts mid-history (entry {index}: a {} at {:#x} it did not allocate)",
+                self.device,
+                e.action.as_str(),
+                e.addr
+            ));
+        }
+        self.empty_start.push(&e);
+        if e.action == Action::Oom {
+            self.reserved_before_oom.insert(index as u32, self.recorded.reserved());
+        }
+        self.recorded.push(&e, self.device_memory);
+        let queue = &mut self.queue;
+        self.builder.push(e, &mut |b| queue.push_back(b.into()));
+        self.step(false);
+        Ok(())
+    }
+
+    /// Applies the queued ops whose decisions can be made (all of them when `done`).
+    fn step(&mut self, done: bool) {
+        while let Some(front) = self.queue.front() {
+            let (op, request) = (front.op, front.request);
+            let decided = matches!(op, Op::ReleaseRun { .. } | Op::Complete(_) | Op::CompletePre(_));
+            if decided && !done && !lookahead_ready(&self.queue) {
+                break;
+            }
+            let oi = self.ops;
+            let ahead = QueueAhead(&self.queue);
+            let inference = &mut self.inference;
+            let own = self.own.step(op, request.as_ref(), |alloc| inference.decide(alloc, oi, &ahead));
+            let oom = match &mut self.target {
+                Some(t) => t.step(op, request.as_ref(), |_| own.flag).oom,
+                None => own.oom,
+            };
+            if oom && let Some(r) = request {
+                self.oom_requests.push(r);
+            }
+            self.queue.pop_front();
+            self.ops += 1;
+        }
+    }
+
+    /// The end of the stream: the summary, and whether the trace has cross-stream frees.
+    fn finish(mut self) -> Result<(Finished, bool), RunError> {
+        if let Some(e) = self.entry_error.take().or(self.segments_error.take()) {
+            return Err(e.into());
+        }
+        let queue = &mut self.queue;
+        self.builder.finish(&mut |b| queue.push_back(b.into()));
+        self.step(true);
+        let seen = self.builder.seen_cross_stream();
+        if self.segments_seen != self.segment_entries.len() {
+            let why = format!("device {}'s segment events differ from the first pass's (the file changed?)", self.device);
+            return Ok((Finished::Fallback(why), seen));
+        }
+        if !self.empty_start.finish() {
+            let why = format!(
+                "device {}'s final segments hold segments or pages its trace did not allocate: the trace may start mid-history",
+                self.device
+            );
+            return Ok((Finished::Fallback(why), seen));
+        }
+        if self.builder.speculated() && seen {
+            return Ok((Finished::Again, seen));
+        }
+        self.own.complete_held();
+        let mut reported = match self.target {
+            Some(t) => t,
+            None => self.own,
+        };
+        reported.complete_held();
+        let outcome = reported.finish(Vec::new(), Vec::new());
+        let (recorded, reserved) = (&self.recorded, &self.reserved_before_oom);
+        let oom_requests = outcome
+            .ooms
+            .iter()
+            .zip(&self.oom_requests)
+            .map(|(o, r)| {
+                let free = device_free_with(
+                    r,
+                    &o.info,
+                    self.own_settings,
+                    self.device_memory,
+                    || reserved.get(&r.trace_index).copied().unwrap_or(0),
+                    || recorded.outside(),
+                );
+                (*r, free)
+            })
+            .collect();
+        let summary = ReplaySummary {
+            device: self.device,
+            options: self.options,
+            own_settings: self.own_settings,
+            requests: self.builder.requests() as usize,
+            outcome,
+            oom_requests,
+            unknown_frees: self.builder.unknown_frees,
+            initial: None,
+            reconstruct_error: None,
+            placements: Vec::new(),
+            streamed: true,
+        };
+        Ok((Finished::Done(Box::new(summary)), seen))
+    }
+}

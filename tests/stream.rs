@@ -1,0 +1,379 @@
+//! The replay of a JSON Lines trace as a stream (`allocsim_replay::stream`, one pass in memory
+//! bounded by the live set) gives exactly the in-memory replay's answer (`allocsim_replay::run`),
+//! which is an independent path: the whole trace, `Program::build`, per-request vectors.
+//!
+//! * Every trace in `traces/` and `../shared/traces` (when present), converted to JSON Lines,
+//!   under its own settings and allowed maximum and under other configs and capacities: every
+//!   statistic, segment event, OOM (with its message's `device_free`), `empty_cache()` call and
+//!   the final segments.
+//! * `allocsim replay` prints the same JSON and text either way (`--in-memory` forces the other
+//!   path), errors included.
+//! * Where one pass cannot answer (a trace that starts mid-history, final segments the trace did
+//!   not allocate, `--placements`), the stream says so and the CLI replays in memory.
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+
+use allocsim_replay::devices::run_devices;
+use allocsim_replay::stream::{StreamInput, Streamed, replay_stream};
+use allocsim_replay::{ReplaySpec, ReplaySummary, Request};
+use allocsim_trace::jsonl_stream::JsonlFile;
+use allocsim_trace::{Action, Snapshot, SnapshotSegment, TraceEntry, read_trace, write_trace};
+
+/// A file under the temp dir, removed when dropped.
+struct TempFile(PathBuf);
+impl TempFile {
+    fn new(name: &str) -> TempFile {
+        TempFile(std::env::temp_dir().join(format!("allocsim-stream-{}-{name}", std::process::id())))
+    }
+    fn arg(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn jsonl_of(snap: &Snapshot, name: &str) -> TempFile {
+    let f = TempFile::new(&format!("{name}.jsonl"));
+    write_trace(snap, &f.0).unwrap();
+    f
+}
+
+/// Every recorded trace: `traces/`, then `../shared/traces` when present.
+fn all_traces() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in [root("traces"), root("../shared/traces")] {
+        let Ok(d) = std::fs::read_dir(&dir) else {
+            eprintln!("note: {} not found; skipping its traces", dir.display());
+            continue;
+        };
+        let mut v: Vec<PathBuf> = d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.to_str().unwrap().ends_with(".pickle.gz")).collect();
+        v.sort();
+        out.extend(v);
+    }
+    out
+}
+
+/// The allowed maximum a recorded run had (its `.json`'s fraction of the device), if any.
+fn recorded_capacity(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?.trim_end_matches(".gz").trim_end_matches(".pickle");
+    let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path.with_file_name(format!("{name}.json"))).ok()?).ok()?;
+    let f = meta["fraction"].as_f64()?;
+    Some((f * meta["device_total_memory"].as_f64()?) as u64)
+}
+
+/// The streaming replay of `file`.
+fn streamed(file: &JsonlFile, spec: &ReplaySpec<'_>) -> Streamed {
+    let scan = file.scan().unwrap_or_else(|e| panic!("{}: {e}", file.path().display()));
+    let input = StreamInput { settings: &scan.header.settings, devices: scan.header.devices, segments: &scan.segments, segment_entries: &scan.segment_entries };
+    replay_stream(&input, spec, || file.events()).unwrap_or_else(|e| panic!("{}: {e}", file.path().display()))
+}
+
+/// The in-memory replay, as `allocsim replay` does it.
+fn in_memory(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Vec<ReplaySummary> {
+    if spec.device.is_some() {
+        vec![allocsim_replay::run(snap, spec).unwrap().into_summary()]
+    } else {
+        run_devices(snap, spec).unwrap().into_iter().map(|r| r.into_summary()).collect()
+    }
+}
+
+/// The final segments with their blocks, as addresses and sizes.
+fn final_state(r: &ReplaySummary) -> Vec<String> {
+    let a = &r.outcome.allocator;
+    a.segments()
+        .iter()
+        .map(|s| {
+            let blocks: Vec<String> = s
+                .blocks
+                .iter()
+                .map(|&b| {
+                    let b = a.block(b);
+                    format!("{:#x}+{} {} {} {}", b.ptr, b.size, b.allocated, b.requested_size, b.event_count)
+                })
+                .collect();
+            format!("{:#x}+{} {} {} {:?} {} [{}]", s.address, s.total_size, s.stream, s.is_small, s.pool_id, s.is_expandable, blocks.join(", "))
+        })
+        .collect()
+}
+
+/// Both summaries say the same, field by field (the first difference named).
+fn assert_same(a: &ReplaySummary, b: &ReplaySummary, what: &str) {
+    assert_eq!(a.device, b.device, "{what}: device");
+    assert_eq!(a.requests, b.requests, "{what}: requests");
+    assert_eq!(a.own_settings, b.own_settings, "{what}: own settings");
+    assert_eq!(a.options.config, b.options.config, "{what}: config");
+    assert_eq!(a.options.capacity, b.options.capacity, "{what}: capacity");
+    assert_eq!(a.outcome.stats.to_memory_stats(), b.outcome.stats.to_memory_stats(), "{what}: memory_stats");
+    if a.outcome.segment_events != b.outcome.segment_events {
+        let i = a.outcome.segment_events.iter().zip(&b.outcome.segment_events).position(|(x, y)| x != y);
+        panic!(
+            "{what}: segment events differ ({} in memory, {} streamed; first difference at {i:?}: {:?} vs {:?})",
+            a.outcome.segment_events.len(),
+            b.outcome.segment_events.len(),
+            i.map(|i| a.outcome.segment_events[i]),
+            i.map(|i| b.outcome.segment_events[i])
+        );
+    }
+    assert_eq!(a.outcome.ooms, b.outcome.ooms, "{what}: OOMs");
+    // (A stream does not keep stacks.)
+    let no_stack = |v: &[(Request, u64)]| -> Vec<(Request, u64)> { v.iter().map(|&(r, f)| (Request { stack: 0, ..r }, f)).collect() };
+    assert_eq!(no_stack(&a.oom_requests), no_stack(&b.oom_requests), "{what}: OOM requests and device_free");
+    assert_eq!(a.outcome.empty_cache_requests, b.outcome.empty_cache_requests, "{what}: empty_cache() calls");
+    assert_eq!(a.outcome.peak_reserved, b.outcome.peak_reserved, "{what}: peak reserved");
+    assert_eq!(a.unknown_frees, b.unknown_frees, "{what}: unknown frees");
+    assert_eq!(a.initial, b.initial, "{what}: initial state");
+    assert_eq!(a.reconstruct_error, b.reconstruct_error, "{what}: reconstruct error");
+    assert_eq!(a.outcome.restore_failures, b.outcome.restore_failures, "{what}: restore failures");
+    assert_eq!(final_state(a), final_state(b), "{what}: final segments");
+    assert!(!a.streamed && b.streamed, "{what}: which path");
+}
+
+fn specs(cap: Option<u64>, peak: u64) -> Vec<(String, ReplaySpec<'static>)> {
+    let spec = |config: Option<&str>, capacity: Option<u64>, trace_capacity: Option<u64>| ReplaySpec {
+        config: config.map(str::to_string),
+        capacity,
+        trace_capacity,
+        ..ReplaySpec::default()
+    };
+    let tight = Some(peak / 10 * 7);
+    vec![
+        ("own settings and cap".into(), spec(None, cap, None)),
+        ("own settings, uncapped".into(), spec(None, None, cap)),
+        ("own settings, 70% of the peak".into(), spec(None, tight, cap)),
+        ("expandable".into(), spec(Some("expandable_segments:True"), cap, cap)),
+        ("msplit + gc".into(), spec(Some("max_split_size_mb:64,garbage_collection_threshold:0.6"), cap, cap)),
+        ("rpd4 at 70% of the peak".into(), spec(Some("roundup_power2_divisions:4"), tight, cap)),
+    ]
+}
+
+#[test]
+fn every_trace_streams_to_the_in_memory_answer() {
+    let traces = all_traces();
+    assert!(traces.len() >= 9, "the repository's traces are missing");
+    let check = |path: &PathBuf| {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let snap = read_trace(path).unwrap();
+        let f = jsonl_of(&snap, name);
+        let file = JsonlFile::open(&f.0).unwrap().expect("JSON Lines");
+        let cap = recorded_capacity(path);
+        let own = in_memory(&snap, &ReplaySpec { capacity: cap, ..ReplaySpec::default() });
+        for (label, spec) in specs(cap, own[0].outcome.peak_reserved) {
+            let what = format!("{name}, {label}");
+            let want = in_memory(&snap, &spec);
+            let got = match streamed(&file, &spec) {
+                Streamed::Done(v) => v,
+                Streamed::Fallback(why) => panic!("{what}: not streamed: {why}"),
+            };
+            assert_eq!(want.len(), got.len(), "{what}: devices");
+            for (a, b) in want.iter().zip(&got) {
+                assert_same(a, b, &what);
+            }
+        }
+    };
+    // Two at a time (the machine has two cores).
+    let (even, odd): (Vec<_>, Vec<_>) = traces.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    std::thread::scope(|s| {
+        let h = s.spawn(|| even.iter().for_each(|(_, p)| check(p)));
+        odd.iter().for_each(|(_, p)| check(p));
+        h.join().unwrap();
+    });
+}
+
+/// `allocsim replay` of a .jsonl prints the same, streamed or not, and the same as the pickle.
+#[test]
+fn the_cli_prints_the_same_either_way() {
+    let cases: &[(&str, &[&str])] = &[
+        ("traces/frag__default__2048M.pickle.gz", &["--capacity", "2147483648"]),
+        ("traces/frag__default__2048M.pickle.gz", &["--capacity", "1GiB", "--config", "expandable_segments:True"]),
+        ("traces/emptycache__default__0M.pickle.gz", &[]),
+        ("traces/crossstream__default__320M.pickle.gz", &["--capacity", "320MiB"]),
+        ("traces/crossstream__msplit64__320M.pickle.gz", &["--capacity", "256MiB", "--trace-capacity", "320MiB", "--config", "max_split_size_mb:64"]),
+        ("traces/cudagraph__default__0M.pickle.gz", &["--config", "garbage_collection_threshold:0.5"]),
+        ("tests/fixtures/robust/two_devices.pickle", &["--capacity", "64MiB"]),
+        ("tests/fixtures/robust/two_devices.pickle", &["--capacity", "64MiB", "--device", "1"]),
+    ];
+    for (rel, extra) in cases {
+        let snap = read_trace(&root(rel)).unwrap();
+        let f = jsonl_of(&snap, &rel.replace('/', "_"));
+        for json in [true, false] {
+            let mut args = vec!["replay", f.arg()];
+            args.extend_from_slice(extra);
+            if json {
+                args.push("--json");
+            }
+            let streamed = success(&args);
+            args.push("--in-memory");
+            let whole = success(&args);
+            assert_eq!(streamed, whole, "{rel} {extra:?}");
+            if json {
+                // And as the pickle (but for the file name).
+                let mut args = vec!["replay", rel];
+                args.extend_from_slice(extra);
+                args.push("--json");
+                let mut p: serde_json::Value = serde_json::from_str(success(&args).trim()).unwrap();
+                let mut s: serde_json::Value = serde_json::from_str(streamed.trim()).unwrap();
+                p.as_object_mut().unwrap().remove("trace");
+                s.as_object_mut().unwrap().remove("trace");
+                assert_eq!(p, s, "{rel} {extra:?}: the pickle's replay");
+            }
+        }
+    }
+}
+
+/// The errors a stream finds are the errors of a whole read, in the same order.
+#[test]
+fn errors_are_the_same_either_way() {
+    let snap = read_trace(&root("traces/frag__default__2048M.pickle.gz")).unwrap();
+    let f = jsonl_of(&snap, "frag-errors");
+    let text = std::fs::read(&f.0).unwrap();
+    let same = |args: &[&str], what: &str| {
+        let a = run(args);
+        let mut b_args = args.to_vec();
+        b_args.push("--in-memory");
+        let b = run(&b_args);
+        assert_eq!((a.status.code(), &a.stdout, &a.stderr), (b.status.code(), &b.stdout, &b.stderr), "{what}:\n{}\n{}", show(args, &a), show(&b_args, &b));
+        assert!(!String::from_utf8_lossy(&a.stderr).contains("panicked"), "{what}");
+    };
+    // Cut anywhere: inside the header, an event, the segment lines.
+    let n = text.len();
+    for cut in [10, n / 7, n / 3, n / 2 + 17, n - 300, n - 1] {
+        let t = TempFile::new(&format!("cut{cut}.jsonl"));
+        std::fs::write(&t.0, &text[..cut]).unwrap();
+        same(&["replay", t.arg()], &format!("cut at {cut}"));
+        same(&["replay", t.arg(), "--json", "--config", "expandable_segments:True"], &format!("cut at {cut}"));
+    }
+    // Corrupt lines: an event, then also a segment line after it (the event's error comes first).
+    let lines: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
+    let first_segment = lines.iter().position(|l| l.starts_with(b"{\"segment\"")).unwrap();
+    for (k, bad) in [(lines.len() / 2, &b"{\"action\":\"alloc\"}"[..]), (first_segment + 1, b"{\"segment\":{\"address\":1}}"), (lines.len() / 3, b"{\"device\":0,\"action\":\"alloc\",\"addr\":1,\"size\":9223372036854775808}")] {
+        let mut v = lines.clone();
+        v[k] = bad;
+        let t = TempFile::new(&format!("bad{k}.jsonl"));
+        std::fs::write(&t.0, v.join(&b'\n')).unwrap();
+        same(&["replay", t.arg()], &format!("line {} replaced", k + 1));
+    }
+    // Gzip'd and cut.
+    let gz = TempFile::new("frag.jsonl.gz");
+    write_trace(&snap, &gz.0).unwrap();
+    let bytes = std::fs::read(&gz.0).unwrap();
+    let t = TempFile::new("cut.jsonl.gz");
+    std::fs::write(&t.0, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    user_error(&["replay", t.arg()], &["gzip"]);
+    same(&["replay", t.arg()], "a cut gzip stream");
+    same(&["replay", gz.arg(), "--json"], "gzip'd");
+    // A bad setting: the trace's own, or --config; a device it does not have.
+    same(&["replay", f.arg(), "--config", "max_split_size_mb:19"], "--config");
+    same(&["replay", f.arg(), "--device", "5"], "--device 5");
+    let mut bad_conf = snap.clone();
+    bad_conf.settings.alloc_conf = Some("foo:1".into());
+    let t = jsonl_of(&bad_conf, "badconf");
+    same(&["replay", t.arg()], "recorded config");
+    // Out-of-bounds entries name the entry.
+    let mut huge = snap.clone();
+    huge.device_traces[0][5].size = u64::MAX;
+    let t = jsonl_of(&huge, "huge");
+    same(&["replay", t.arg()], "huge size");
+    let mut far = snap.clone();
+    far.segments[0].address = u64::MAX - 4096;
+    let t = jsonl_of(&far, "far");
+    same(&["replay", t.arg()], "final segment beyond 2^64");
+    // An empty trace (just the header): no device 0.
+    let empty = Snapshot::default();
+    let t = jsonl_of(&empty, "empty");
+    same(&["replay", t.arg()], "no events");
+}
+
+/// Where one pass cannot answer, the stream says why and the CLI answers in memory.
+#[test]
+fn falls_back_where_one_pass_cannot_answer() {
+    let snap = read_trace(&root("traces/frag__default__2048M.pickle.gz")).unwrap();
+    let spec = ReplaySpec { capacity: Some(2 << 30), ..ReplaySpec::default() };
+    // Mid-history: the first half of the events cut off, as the ring buffer would.
+    let mut cut = snap.clone();
+    let t = &mut cut.device_traces[0];
+    t.drain(..t.len() / 2);
+    let f = jsonl_of(&cut, "midhistory");
+    let file = JsonlFile::open(&f.0).unwrap().unwrap();
+    match streamed(&file, &spec) {
+        Streamed::Fallback(why) => assert!(why.contains("mid-history"), "{why}"),
+        Streamed::Done(_) => panic!("a truncated trace was streamed"),
+    }
+    let text = success(&["replay", f.arg(), "--capacity", "2GiB"]);
+    assert!(text.contains("mid-history"), "{text}");
+    assert_eq!(text, success(&["replay", f.arg(), "--capacity", "2GiB", "--in-memory"]));
+    // A final segment the trace never allocated (nothing in the trace frees it): the in-memory
+    // replay starts from it.
+    let mut extra = snap.clone();
+    let top = extra.segments.iter().map(|s| s.address + s.total_size).max().unwrap();
+    extra.segments.push(SnapshotSegment { address: top + (64 << 20), total_size: 20 << 20, blocks: vec![], ..extra.segments[0].clone() });
+    let f = jsonl_of(&extra, "extra-segment");
+    let file = JsonlFile::open(&f.0).unwrap().unwrap();
+    assert!(matches!(streamed(&file, &spec), Streamed::Fallback(_)));
+    let whole = in_memory(&extra, &spec);
+    assert!(whole[0].initial.is_some(), "the in-memory replay starts from the extra segment");
+    let a = success(&["replay", f.arg(), "--capacity", "2GiB", "--json"]);
+    assert_eq!(a, success(&["replay", f.arg(), "--capacity", "2GiB", "--json", "--in-memory"]));
+    // --placements and --addresses-from replay in memory.
+    let f = jsonl_of(&snap, "frag");
+    let file = JsonlFile::open(&f.0).unwrap().unwrap();
+    assert!(matches!(streamed(&file, &ReplaySpec { placements: Some(2), ..spec.clone() }), Streamed::Fallback(_)));
+    assert!(matches!(streamed(&file, &ReplaySpec { addresses_from: Some(&snap), ..spec.clone() }), Streamed::Fallback(_)));
+    let j = json(&["replay", f.arg(), "--capacity", "2GiB", "--placements", "2", "--json"]);
+    assert_eq!(j["placements"].as_array().map(Vec::len), Some(2));
+}
+
+fn entry(action: Action, addr: u64, size: u64, time_us: i64) -> TraceEntry {
+    TraceEntry { action, addr, size, stream: 0, time_us, stack: 0 }
+}
+
+/// A completion that comes measurably later than its request, right before a malloc's device
+/// calls, decides differently when the trace has cross-stream frees; here the first one comes
+/// after it. The stream learns that too late, replays once more, and gives the in-memory answer.
+#[test]
+fn a_cross_stream_free_seen_late_is_replayed_again() {
+    use Action::*;
+    const MB: u64 = 1 << 20;
+    let base = 0x7f00_0000_0000u64;
+    let mut t = vec![
+        entry(SegmentAlloc, base, 20 * MB, 0),
+        entry(Alloc, base, 8 * MB, 1),
+        entry(Alloc, base + 8 * MB, 8 * MB, 2),
+        // Freed, completed 50 µs later, then a malloc that releases and allocates.
+        entry(FreeRequested, base, 8 * MB, 10),
+        entry(FreeCompleted, base, 8 * MB, 60),
+        entry(SegmentFree, base, 20 * MB, 61),
+        entry(SegmentAlloc, base + 64 * MB, 40 * MB, 62),
+        entry(Alloc, base + 64 * MB, 30 * MB, 63),
+    ];
+    // Later: a cross-stream free (its completion comes after another request).
+    t.extend([
+        entry(Alloc, base + 94 * MB, 4 * MB, 70),
+        entry(FreeRequested, base + 94 * MB, 4 * MB, 71),
+        entry(Alloc, base + 98 * MB, 2 * MB, 72),
+        entry(FreeCompleted, base + 94 * MB, 4 * MB, 90),
+    ]);
+    let snap = allocsim_trace::Snapshot { device_traces: vec![t.clone()], stacks: vec![vec![]], ..Default::default() };
+    // The builder, not told, decides that free by assuming no cross-stream frees, and says so.
+    let mut b = allocsim_replay::program::ProgramBuilder::new(&[], [], None, None);
+    for e in &t {
+        b.push(*e, &mut |_| {});
+    }
+    b.finish(&mut |_| {});
+    assert!(b.speculated() && b.seen_cross_stream());
+    let f = jsonl_of(&snap, "late-cross-stream");
+    let file = JsonlFile::open(&f.0).unwrap().unwrap();
+    for capacity in [None, Some(64 * MB)] {
+        let spec = ReplaySpec { capacity, ..ReplaySpec::default() };
+        let Streamed::Done(got) = streamed(&file, &spec) else { panic!("not streamed") };
+        let want = in_memory(&snap, &spec);
+        assert_same(&want[0], &got[0], &format!("capacity {capacity:?}"));
+    }
+    let a = success(&["replay", f.arg(), "--capacity", "64MiB", "--json"]);
+    assert_eq!(a, success(&["replay", f.arg(), "--capacity", "64MiB", "--json", "--in-memory"]));
+}
