@@ -6,6 +6,8 @@ use std::hint::black_box;
 use std::path::{Path, PathBuf};
 
 use allocsim_model::AllocatorConfig;
+use allocsim_model::free_set::FreeSet;
+use allocsim_synth::{Spec, Workload};
 use allocsim_replay::Prepared;
 use allocsim_whatif::grid::{DEFAULT_GRID, parse_grid};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -62,6 +64,59 @@ fn benches(c: &mut Criterion) {
     let points = parse_grid(DEFAULT_GRID, "").unwrap();
     g.bench_function("default_grid_4_placements", |b| {
         b.iter(|| allocsim_whatif::sweep::sweep(&p, &points, Some(8810 << 20), 4, &|| {}).len())
+    });
+    g.bench_function("default_grid_4_placements_uncapped", |b| b.iter(|| allocsim_whatif::sweep::sweep(&p, &points, None, 4, &|| {}).len()));
+    g.finish();
+
+    // Issue 6's sweep target: the default grid over a 1-million-event trace (333 334 requests,
+    // three entries each), generated in memory; decoding is not part of it (done once, shared).
+    let mut g = c.benchmark_group("sweep_1m_events");
+    g.sample_size(10);
+    for workload in [Workload::Training, Workload::Varlen, Workload::KvCache] {
+        let (snap, _) = allocsim_synth::snapshot(&Spec { frames: false, ..Spec::new(workload, 333_334, 1) });
+        let p = Prepared::new(&snap, None, H200, None).unwrap();
+        let peak = p.own_outcome.peak_reserved;
+        eprintln!("{}: {} entries, peak reserved {peak}", workload.name(), snap.device_traces[0].len());
+        for (cap_name, cap) in [("uncapped", None), ("capped_at_own_peak", Some(peak))] {
+            let t = std::time::Instant::now();
+            let rows = allocsim_whatif::sweep::sweep(&p, &points, cap, 4, &|| {});
+            let secs = t.elapsed().as_secs_f64();
+            let shared = rows.iter().flat_map(|r| &r.outcomes).filter(|o| o.same_as.is_some()).count();
+            let total: usize = rows.iter().map(|r| r.outcomes.len()).sum();
+            eprintln!("  {cap_name}: {} of {total} outcomes replayed; one run {secs:.2} s", total - shared);
+            // Capped sweeps run configs into OOM and release storms (seconds each): timed once above.
+            if cap.is_none() {
+                g.bench_function(format!("{}_{cap_name}", workload.name()), |b| b.iter(|| allocsim_whatif::sweep::sweep(&p, &points, cap, 4, &|| {}).len()));
+            }
+        }
+    }
+    g.finish();
+
+    // The free-block set alone: a pool of 64 free blocks, one block out and one in, then a
+    // best-fit lookup (the set operations of one malloc/free pair).
+    let mut g = c.benchmark_group("free_set");
+    let mut rng = 12345u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let keys: Vec<(u64, u64, u64)> = (0..4096).map(|_| (0, (next() % 2048) * 512, (next() % (1 << 30)) << 9)).collect();
+    let mut set = FreeSet::new();
+    for k in &keys[..64] {
+        set.insert(*k, 1);
+    }
+    let mut i = 0usize;
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("remove_insert_lookup_64", |b| {
+        b.iter(|| {
+            let (out, inn) = (keys[i % 4096], keys[(i + 64) % 4096]);
+            i += 1;
+            set.remove(out);
+            set.insert(inn, 2);
+            black_box(set.range_from(0, inn.1, 0).next())
+        })
     });
     g.finish();
 }
