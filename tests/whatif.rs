@@ -156,10 +156,10 @@ fn shared_sweep_replays_equal_separate_ones() {
                 v.sort_by(|a: &(String, _), b| a.0.cmp(&b.0));
                 v
             };
-            let shared = sweep_with(&prepared, &points, capacity, 2, true, &|| {});
+            let shared = sweep_with(&prepared, &points, capacity, 4, true, &|| {});
             shared_outcomes += shared.iter().flat_map(|r| &r.outcomes).filter(|o| o.same_as.is_some()).count();
             total += shared.iter().map(|r| r.outcomes.len()).sum::<usize>();
-            let separate = sweep_with(&prepared, &points, capacity, 2, false, &|| {});
+            let separate = sweep_with(&prepared, &points, capacity, 4, false, &|| {});
             assert_eq!(strip(shared), strip(separate), "{name} under {capacity:?}");
         }
     }

@@ -2,7 +2,10 @@
 
 use allocsim_model::AllocatorConfig;
 use allocsim_model::constants::ROUNDUP_INTERVALS;
+use allocsim_model::{Device, Placement, SimDevice};
 use allocsim_replay::{Prepared, ReplayOutcome};
+use std::collections::HashMap;
+use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::cost::device_call_us;
@@ -107,6 +110,39 @@ struct Replay {
     largest_size_seen: u64,
     peak_total_at_cache_miss: u64,
     allowed: Option<u64>,
+    /// The device calls it made, in order: (cudaMalloc or cudaFree, address, size); `None` if it
+    /// mapped or unmapped pages (expandable segments).
+    calls: Option<Arc<Vec<(bool, u64, u64)>>>,
+}
+
+/// Whether a replay whose device calls were `calls` would make exactly the same decisions on a
+/// device with `placement`. The allocator looks at addresses only to order free blocks of equal
+/// size, and blocks of different segments order as their segments do; so if the other device,
+/// given the same cudaMalloc/cudaFree calls, puts every new segment at the same rank among the
+/// live segments (and never fails), every decision, and so the outcome, is the same. Checked by
+/// feeding the calls to a simulated device of that placement: cheap, one step per segment.
+fn same_order(calls: &[(bool, u64, u64)], device_memory: u64, placement: &Placement) -> bool {
+    let mut dev = SimDevice::new(device_memory, placement.clone());
+    let (mut a_live, mut b_live): (Vec<u64>, Vec<u64>) = (Vec::new(), Vec::new());
+    let mut to_b: HashMap<u64, u64> = HashMap::new();
+    for &(malloc, addr, size) in calls {
+        if malloc {
+            let Some(b) = dev.malloc(size) else { return false };
+            let (ra, rb) = (a_live.partition_point(|&x| x < addr), b_live.partition_point(|&x| x < b));
+            if ra != rb {
+                return false;
+            }
+            a_live.insert(ra, addr);
+            b_live.insert(rb, b);
+            to_b.insert(addr, b);
+        } else {
+            let Some(b) = to_b.remove(&addr) else { return false };
+            dev.free(b, size);
+            a_live.retain(|&x| x != addr);
+            b_live.retain(|&x| x != b);
+        }
+    }
+    true
 }
 
 /// Whether `config`'s `max_split_size` would have changed nothing in `base`, a replay under the
@@ -210,8 +246,12 @@ pub fn sweep_with(
     let users = |r: usize| run_of.iter().filter(|&&x| x == r).count();
     // done[r][j]: run r's replay (or the replay it shares) under placement j.
     let mut done: Vec<Vec<Option<Replay>>> = runs.iter().map(|c| vec![None; n_placements(c)]).collect();
-    for lv in 0..=2 {
-        let jobs: Vec<(usize, usize)> = (0..runs.len()).filter(|&r| level(r) == lv).flat_map(|r| (0..done[r].len()).map(move |j| (r, j))).collect();
+    // Placement sharing needs the segment calls of the first placement's replay, and a replay that
+    // starts from a restored state also made device calls before its events.
+    let placements_shareable = share && prepared.program.initial.is_none();
+    for (lv, first) in (0..=2).flat_map(|lv| [(lv, true), (lv, false)]) {
+        let jobs: Vec<(usize, usize)> =
+            (0..runs.len()).filter(|&r| level(r) == lv).flat_map(|r| (0..done[r].len()).map(move |j| (r, j))).filter(|&(_, j)| (j == 0) == first).collect();
         let results: Vec<(usize, usize, Replay)> = jobs
             .par_iter()
             .map(|&(r, j)| {
@@ -224,15 +264,35 @@ pub fn sweep_with(
                         x
                     })
                 };
-                let x = from(gc_base[r], gc_inert).or_else(|| from(split_base[r], split_inert)).unwrap_or_else(|| {
+                let (name, placement) = &list[j];
+                let same_placement = || {
+                    let x = done[r][0].as_ref().filter(|_| j > 0 && placements_shareable)?;
+                    same_order(x.calls.as_deref()?, prepared.device_memory, placement).then(|| {
+                        let mut x = x.clone();
+                        x.outcome.placement = name.clone();
+                        x.outcome.same_as.get_or_insert_with(|| format!("{} (placement {})", points[first_point[r]].conf, list[0].0));
+                        x
+                    })
+                };
+                let x = from(gc_base[r], gc_inert).or_else(|| from(split_base[r], split_inert)).or_else(same_placement).unwrap_or_else(|| {
                     let config = &runs[r];
-                    let (name, placement) = &list[j];
                     let o = prepared.replay(config, capacity, placement.clone());
+                    let calls = o
+                        .segment_events
+                        .iter()
+                        .map(|e| match e.action {
+                            "segment_alloc" => Some((true, e.addr, e.size)),
+                            "segment_free" => Some((false, e.addr, e.size)),
+                            _ => None,
+                        })
+                        .collect::<Option<Vec<_>>>()
+                        .map(Arc::new);
                     Replay {
                         outcome: Outcome::of(name, &o, config.large_segment_size),
                         largest_size_seen: o.allocator.largest_size_seen,
                         peak_total_at_cache_miss: o.allocator.peak_total_at_cache_miss,
                         allowed: o.allocator.allowed_memory_maximum,
+                        calls,
                     }
                 });
                 (0..users(r)).for_each(|_| progress());
