@@ -113,15 +113,31 @@ impl Replayed {
     /// What `allocsim replay` reports of it.
     pub fn into_summary(self) -> ReplaySummary {
         let device_memory = self.options.device_memory;
-        let oom_requests = self
-            .outcome
-            .ooms
-            .iter()
-            .map(|o| {
-                let req = self.program.requests[o.request as usize];
-                (req, crate::oom::device_free_estimate(&self.trace, &req, &o.info, self.own_settings, device_memory))
-            })
-            .collect();
+        // One walk over the trace for all OOMs (they come in trace order), and the memory outside
+        // the allocator computed once: each by itself is a pass over the trace.
+        let mut walked = crate::oom::RecordedMemory::default();
+        let mut at = 0usize;
+        let mut outside: Option<Option<u64>> = None;
+        let mut oom_requests = Vec::with_capacity(self.outcome.ooms.len());
+        for o in &self.outcome.ooms {
+            let req = self.program.requests[o.request as usize];
+            let free = crate::oom::device_free_with(
+                &req,
+                &o.info,
+                self.own_settings,
+                device_memory,
+                || {
+                    let to = (req.trace_index as usize).min(self.trace.len());
+                    for e in &self.trace[at.min(to)..to] {
+                        walked.push(e, device_memory);
+                    }
+                    at = at.max(to);
+                    walked.reserved()
+                },
+                || *outside.get_or_insert_with(|| crate::oom::outside_memory_from_ooms(&self.trace, device_memory)),
+            );
+            oom_requests.push((req, free));
+        }
         ReplaySummary {
             device: self.device,
             options: self.options,

@@ -91,8 +91,9 @@ struct Line<'a> {
     version: Option<u64>,
     #[serde(default)]
     devices: Option<usize>,
+    // Boxed (like `segment`): rare, and large enough that moving the parsed line would cost.
     #[serde(default)]
-    allocator_settings: Option<SettingsIn>,
+    allocator_settings: Option<Box<SettingsIn>>,
     #[serde(default)]
     device: Option<usize>,
     #[serde(borrow, default)]
@@ -110,7 +111,7 @@ struct Line<'a> {
     #[serde(default)]
     frames: Option<Vec<Frame>>,
     #[serde(default)]
-    segment: Option<SegmentIn>,
+    segment: Option<Box<SegmentIn>>,
 }
 
 #[derive(Deserialize)]
@@ -335,6 +336,7 @@ impl LineParser {
             return Err(err("a second header line".into()));
         }
         if let Some(s) = l.segment {
+            let s = *s;
             let is_small = match s.segment_type.as_str() {
                 "small" => true,
                 "large" => false,

@@ -81,38 +81,76 @@ impl<R: BufRead> Events<R> {
     }
 }
 
+impl<R: BufRead> Events<R> {
+    /// Parses one complete line (without its `\n`); `Some` for an event or an error.
+    fn line(parser: &mut LineParser, raw: &[u8], lineno: usize, header: &mut Option<Header>) -> Option<Result<(usize, TraceEntry), TraceError>> {
+        match parser.parse(raw, lineno) {
+            Ok(Parsed::Event { device, entry }) => Some(Ok((device, entry))),
+            Ok(Parsed::Header(h)) => {
+                *header = Some(h);
+                None
+            }
+            Ok(Parsed::Blank | Parsed::Segment(_)) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+}
+
 impl<R: BufRead> Iterator for Events<R> {
     type Item = Result<(usize, TraceEntry), TraceError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             let parser = self.parser.as_mut()?;
-            self.line.clear();
-            let n = match self.r.read_until(b'\n', &mut self.line) {
-                Ok(n) => n,
+            let buf = match self.r.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     self.parser = None;
                     return Some(Err(self.source.error(e, self.read)));
                 }
             };
-            if n == 0 {
-                let p = self.parser.take()?;
-                return p.finish().err().map(Err);
-            }
-            self.read += n as u64;
-            self.lineno += 1;
-            let raw = self.line.strip_suffix(b"\n").unwrap_or(&self.line);
-            match parser.parse(raw, self.lineno) {
-                Ok(Parsed::Event { device, entry }) => {
+            let found = if buf.is_empty() {
+                // The end: a last line without its newline, then the end of the input.
+                if self.line.is_empty() {
+                    let p = self.parser.take()?;
+                    return p.finish().err().map(Err);
+                }
+                self.lineno += 1;
+                let r = Self::line(parser, &self.line, self.lineno, &mut self.header);
+                self.line.clear();
+                r
+            } else if let Some(p) = memchr::memchr(b'\n', buf) {
+                // A whole line: parsed where it lies in the reader's buffer when it all is there.
+                self.lineno += 1;
+                let r = if self.line.is_empty() {
+                    Self::line(parser, &buf[..p], self.lineno, &mut self.header)
+                } else {
+                    self.line.extend_from_slice(&buf[..p]);
+                    let r = Self::line(parser, &self.line, self.lineno, &mut self.header);
+                    self.line.clear();
+                    r
+                };
+                self.read += p as u64 + 1;
+                self.r.consume(p + 1);
+                r
+            } else {
+                let n = buf.len();
+                self.line.extend_from_slice(buf);
+                self.read += n as u64;
+                self.r.consume(n);
+                None
+            };
+            match found {
+                Some(Ok((device, entry))) => {
                     self.max_device = Some(self.max_device.map_or(device, |d| d.max(device)));
                     return Some(Ok((device, entry)));
                 }
-                Ok(Parsed::Header(h)) => self.header = Some(h),
-                Ok(Parsed::Blank | Parsed::Segment(_)) => {}
-                Err(e) => {
+                Some(Err(e)) => {
                     self.parser = None;
                     return Some(Err(e));
                 }
+                None => {}
             }
         }
     }
