@@ -377,3 +377,29 @@ fn a_cross_stream_free_seen_late_is_replayed_again() {
     let a = success(&["replay", f.arg(), "--capacity", "64MiB", "--json"]);
     assert_eq!(a, success(&["replay", f.arg(), "--capacity", "64MiB", "--json", "--in-memory"]));
 }
+
+/// Generated traces of every workload, with cross-stream frees (several streams), streamed and
+/// in memory, under their own settings and under other configs with an allowed maximum.
+#[test]
+fn synthetic_workloads_stream_to_the_in_memory_answer() {
+    use allocsim_synth::{Spec, Workload};
+    for w in Workload::ALL {
+        for streams in [1, 3] {
+            let spec = Spec { streams, ..Spec::new(w, 20_000, 11) };
+            let (snap, _) = allocsim_synth::snapshot(&spec);
+            let name = format!("synth-{}-{streams}", w.name());
+            let f = jsonl_of(&snap, &name);
+            let file = JsonlFile::open(&f.0).unwrap().unwrap();
+            let peak = in_memory(&snap, &ReplaySpec::default())[0].outcome.peak_reserved;
+            for (label, rs) in specs(None, peak) {
+                let what = format!("{name}, {label}");
+                let want = in_memory(&snap, &rs);
+                let Streamed::Done(got) = streamed(&file, &rs) else { panic!("{what}: not streamed") };
+                assert_eq!(want.len(), got.len(), "{what}");
+                for (a, b) in want.iter().zip(&got) {
+                    assert_same(a, b, &what);
+                }
+            }
+        }
+    }
+}

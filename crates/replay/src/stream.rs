@@ -29,10 +29,11 @@
 //! was seen, the stream is replayed once more knowing it.
 //!
 //! Not kept (so not in the result): each request's address and the per-op flags
-//! ([`ReplayOutcome::addresses`], [`ReplayOutcome::empty_cache`]). Kept, and growing with the trace
-//! rather than with the live set: the model's segment events, OOMs and `empty_cache()` request
-//! numbers (the output), and the recorded segment events of the first pass (the recorded run's
-//! addresses), all proportional to the segment events and OOMs, not to the requests.
+//! ([`crate::replay::ReplayOutcome::addresses`], [`crate::replay::ReplayOutcome::empty_cache`]).
+//! Kept, and growing with the trace rather than with the live set: the model's segment events,
+//! OOMs and `empty_cache()` request numbers (the output), and the recorded segment events of the
+//! first pass (the recorded run's addresses), all proportional to the segment events and OOMs, not
+//! to the requests.
 
 use std::collections::VecDeque;
 

@@ -250,9 +250,10 @@ pub enum Parsed {
     Segment(SnapshotSegment),
 }
 
-/// Parses a JSON Lines trace line by line (the one parser behind [`read`], [`Events`] and
-/// [`scan`]): it checks the header comes first, that events name a declared device, and interns
-/// stacks when asked to (else every stack is 0, and frames are only checked).
+/// Parses a JSON Lines trace line by line (the one parser behind [`read`],
+/// [`crate::jsonl_stream::Events`] and [`crate::jsonl_stream::scan`]): it checks the header comes
+/// first, that events name a declared device, and interns stacks when asked to (else every stack
+/// is 0, and frames are only checked).
 pub struct LineParser {
     saw_header: bool,
     devices: Option<usize>,
