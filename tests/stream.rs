@@ -283,6 +283,18 @@ fn errors_are_the_same_either_way() {
     far.segments[0].address = u64::MAX - 4096;
     let t = jsonl_of(&far, "far");
     same(&["replay", t.arg()], "final segment beyond 2^64");
+    // A segment event beyond any address space: named when the stream gets there, and never
+    // handed to the simulated device before.
+    let t = TempFile::new("far-segment.jsonl");
+    std::fs::write(
+        &t.0,
+        "{\"format\":\"allocsim-trace\",\"version\":1}\n\
+         {\"action\":\"alloc\",\"addr\":4096,\"size\":512}\n\
+         {\"action\":\"segment_alloc\",\"addr\":18446744073708503040,\"size\":1048576}\n",
+    )
+    .unwrap();
+    user_error(&["replay", t.arg()], &["trace entry 1 (segment_alloc)", "address space"]);
+    same(&["replay", t.arg(), "--config", "expandable_segments:True"], "segment event beyond 2^64");
     // An empty trace (just the header): no device 0.
     let empty = Snapshot::default();
     let t = jsonl_of(&empty, "empty");

@@ -34,7 +34,7 @@ pub fn check_trace(device: usize, trace: &[TraceEntry], segments: &[SnapshotSegm
 /// Checks entry `index` of a device's trace.
 pub fn check_entry(device: usize, index: usize, e: &TraceEntry) -> Result<(), TraceCheckError> {
     let err = |msg: String| TraceCheckError::Entry { device, index, action: e.action.as_str(), msg };
-    if index > u32::MAX as usize {
+    if index >= u32::MAX as usize {
         return Err(err("a device trace of more than 2^32 entries is beyond what allocsim replays".into()));
     }
     match e.action {

@@ -265,6 +265,9 @@ struct DeviceStream<'a> {
     entry_error: Option<TraceCheckError>,
     /// Final segments out of bounds (then entries are only checked).
     segments_error: Option<TraceCheckError>,
+    /// Entries are only checked, not replayed: the final segments are out of bounds, or a segment
+    /// entry of the first pass is (the stream will name it when it gets there).
+    check_only: bool,
     /// The first pass's segment entries of this device, and how many the stream has matched.
     segment_entries: &'a [TraceEntry],
     segments_seen: usize,
@@ -289,7 +292,15 @@ struct DeviceStream<'a> {
 impl<'a> DeviceStream<'a> {
     fn new(ctx: &Ctx<'a>, device: usize, cross_stream: Option<bool>) -> DeviceStream<'a> {
         let segments: Vec<SnapshotSegment> = ctx.input.segments.iter().filter(|s| s.device == device as i64).cloned().collect();
-        let segment_entries: &'a [TraceEntry] = ctx.input.segment_entries.get(device).map_or(&[], |v| v.as_slice());
+        let mut segment_entries: &'a [TraceEntry] = ctx.input.segment_entries.get(device).map_or(&[], |v| v.as_slice());
+        let segments_error = check_segments(device, &segments).err();
+        // Out-of-bounds addresses must not reach the simulated device (the in-memory path checks
+        // the whole trace first).
+        let sane = segment_entries.iter().all(|e| check_entry(device, 0, e).is_ok());
+        let check_only = segments_error.is_some() || !sane;
+        if check_only {
+            segment_entries = &[];
+        }
         let device_memory = ctx.spec.device_memory;
         let placement = recorded_placement_from(segment_entries, device_memory, None);
         let own_options = ReplayOptions {
@@ -310,7 +321,8 @@ impl<'a> DeviceStream<'a> {
             options,
             index: 0,
             entry_error: None,
-            segments_error: check_segments(device, &segments).err(),
+            segments_error,
+            check_only,
             segment_entries,
             segments_seen: 0,
             mid: MidHistory::default(),
@@ -338,7 +350,7 @@ impl<'a> DeviceStream<'a> {
             self.entry_error = Some(err);
             return Ok(());
         }
-        if self.segments_error.is_some() {
+        if self.check_only {
             return Ok(());
         }
         if is_segment_event(e.action) {
@@ -394,6 +406,10 @@ impl<'a> DeviceStream<'a> {
     fn finish(mut self) -> Result<(Finished, bool), RunError> {
         if let Some(e) = self.entry_error.take().or(self.segments_error.take()) {
             return Err(e.into());
+        }
+        if self.check_only {
+            let why = format!("device {}'s segment events differ from the first pass's (the file changed?)", self.device);
+            return Ok((Finished::Fallback(why), false));
         }
         let queue = &mut self.queue;
         self.builder.finish(&mut |b| queue.push_back(b.into()));
