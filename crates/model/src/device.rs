@@ -45,6 +45,15 @@ pub enum Placement {
 const VA_BASE: u64 = 0x7f00_0000_0000;
 const VA_ALIGN: u64 = 2 << 20;
 
+/// Whether `[addr, addr + size)` overlaps a live range.
+fn occupied(live: &BTreeMap<u64, u64>, addr: u64, size: u64) -> bool {
+    let end = addr.saturating_add(size);
+    match live.range(..end).next_back() {
+        Some((_, &e)) => e > addr,
+        None => false,
+    }
+}
+
 /// A simulated GPU: `total` bytes of memory and a placement policy for addresses.
 #[derive(Clone, Debug)]
 pub struct SimDevice {
@@ -53,8 +62,9 @@ pub struct SimDevice {
     placement: Placement,
     /// Live address ranges (segments and reservations): start → end.
     live: BTreeMap<u64, u64>,
-    /// Recorded addresses by size, in recorded order, and whether each was given out.
-    recorded_by_size: std::collections::HashMap<u64, Vec<(u64, bool)>>,
+    /// Recorded addresses by size, in recorded order, and whether each was given out; with the
+    /// index before which all were given out.
+    recorded_by_size: std::collections::HashMap<u64, (Vec<(u64, bool)>, usize)>,
     next_reservation: usize,
     bump_up: u64,
     bump_down: u64,
@@ -63,13 +73,13 @@ pub struct SimDevice {
 
 impl SimDevice {
     pub fn new(total: u64, placement: Placement) -> SimDevice {
-        let mut recorded_by_size: std::collections::HashMap<u64, Vec<(u64, bool)>> = Default::default();
+        let mut recorded_by_size: std::collections::HashMap<u64, (Vec<(u64, bool)>, usize)> = Default::default();
         let mut top = VA_BASE;
         let mut rng = 0x9e37_79b9_7f4a_7c15;
         match &placement {
             Placement::Recorded { segments, reservations } => {
                 for &(addr, size) in segments {
-                    recorded_by_size.entry(size).or_default().push((addr, false));
+                    recorded_by_size.entry(size).or_default().0.push((addr, false));
                     top = top.max(addr.saturating_add(size));
                 }
                 for &b in reservations {
@@ -101,11 +111,7 @@ impl SimDevice {
     }
 
     fn occupied(&self, addr: u64, size: u64) -> bool {
-        let end = addr.saturating_add(size);
-        match self.live.range(..end).next_back() {
-            Some((_, &e)) => e > addr,
-            None => false,
-        }
+        occupied(&self.live, addr, size)
     }
 
     fn lowest_fit(&self, size: u64, from: u64) -> u64 {
@@ -134,13 +140,17 @@ impl SimDevice {
     fn place(&mut self, size: u64) -> u64 {
         let addr = match &self.placement {
             Placement::Recorded { .. } => {
-                let found = self
-                    .recorded_by_size
-                    .get(&size)
-                    .and_then(|v| v.iter().position(|&(a, used)| !used && !self.occupied(a, size)));
+                // Entries given out stay given out: skip the leading ones for good, so that many
+                // segments of one size cost one step each rather than a scan from the start.
+                let found = self.recorded_by_size.get_mut(&size).and_then(|(v, first)| {
+                    while *first < v.len() && v[*first].1 {
+                        *first += 1;
+                    }
+                    Some((*first..v.len()).find(|&i| !v[i].1 && !occupied(&self.live, v[i].0, size))?)
+                });
                 match found {
                     Some(i) => {
-                        let e = &mut self.recorded_by_size.get_mut(&size).unwrap()[i];
+                        let e = &mut self.recorded_by_size.get_mut(&size).unwrap().0[i];
                         e.1 = true;
                         e.0
                     }
