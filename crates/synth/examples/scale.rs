@@ -152,8 +152,8 @@ fn plot(cli: &str, memory: &str, live: &str) {
         xlabel: "requests",
         ylabel: "seconds  /  GiB",
         series: vec![
-            ("allocsim replay t.jsonl: wall s", "#1f77b4", c.iter().map(|r| (num(&r[0]), num(&r[4]))).collect()),
-            ("allocsim replay t.jsonl: peak RSS GiB", "#d62728", c.iter().map(|r| (num(&r[0]), num(&r[5]) / 1048576.0)).collect()),
+            ("allocsim replay t.jsonl (streamed): wall s", "#1f77b4", c.iter().map(|r| (num(&r[0]), num(&r[4]))).collect()),
+            ("allocsim replay t.jsonl (streamed): peak RSS GiB", "#d62728", c.iter().map(|r| (num(&r[0]), num(&r[5]) / 1048576.0)).collect()),
             ("in memory: build + replay s", "#17becf", m.iter().map(|r| (num(&r[0]), num(&r[3]) + num(&r[4]))).collect()),
             ("in memory: peak RSS GiB", "#ff9896", m.iter().map(|r| (num(&r[0]), num(&r[7]) / 1048576.0)).collect()),
         ],
