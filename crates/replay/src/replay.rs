@@ -306,31 +306,37 @@ pub trait Slots {
     fn take_token(&mut self, req: u32) -> Option<u64>;
 }
 
-/// [`Slots`] indexed by request ordinal: for a whole [`Program`] (fast, one slot per request).
+/// [`Slots`] indexed by request ordinal: for a whole [`Program`] (fast, one 4-byte slot per
+/// request; the tokens of cross-stream frees, which are few, in a map).
 #[derive(Clone, Debug, Default)]
 pub struct VecSlots {
-    blocks: Vec<Option<BlockId>>,
-    tokens: Vec<Option<u64>>,
+    /// The block of each request while it is allocated; `NO_BLOCK` otherwise.
+    blocks: Vec<BlockId>,
+    tokens: IntMap<u32, u64>,
 }
+
+const NO_BLOCK: BlockId = BlockId::MAX;
 
 impl VecSlots {
     pub fn new(requests: usize) -> VecSlots {
-        VecSlots { blocks: vec![None; requests], tokens: vec![None; requests] }
+        VecSlots { blocks: vec![NO_BLOCK; requests], tokens: IntMap::default() }
     }
 }
 
 impl Slots for VecSlots {
     fn put_block(&mut self, req: u32, b: BlockId) {
-        self.blocks[req as usize] = Some(b);
+        self.blocks[req as usize] = b;
     }
     fn take_block(&mut self, req: u32) -> Option<BlockId> {
-        self.blocks.get_mut(req as usize)?.take()
+        let slot = self.blocks.get_mut(req as usize)?;
+        let b = std::mem::replace(slot, NO_BLOCK);
+        (b != NO_BLOCK).then_some(b)
     }
     fn put_token(&mut self, req: u32, token: u64) {
-        self.tokens[req as usize] = Some(token);
+        self.tokens.insert(req, token);
     }
     fn take_token(&mut self, req: u32) -> Option<u64> {
-        self.tokens.get_mut(req as usize)?.take()
+        self.tokens.remove(&req)
     }
 }
 
