@@ -133,37 +133,46 @@ fn fit_finds_the_edge_for_every_workload() {
 
 /// Sharing replays between configs that cannot differ on a trace (`sweep_with(.., share)`) must
 /// give every config exactly the outcomes it gets when replayed on its own: checked on the
-/// repository's traces over the default grid, uncapped and under caps that make GC and
-/// `max_split_size` fire for some configs and not others.
+/// repository's traces (whole, and cut to start mid-history) over the default grid, uncapped and
+/// under caps that make GC and `max_split_size` fire for some configs and not others.
 #[test]
 fn shared_sweep_replays_equal_separate_ones() {
     use allocsim_whatif::grid::DEFAULT_GRID;
     use allocsim_whatif::sweep::sweep_with;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces");
     let points = parse_grid(DEFAULT_GRID, "").unwrap();
-    let (mut shared_outcomes, mut total) = (0, 0);
+    let (mut shared_outcomes, mut total, mut mid_history) = (0, 0, 0);
     for name in ["frag__default__2048M", "unet512__default__0M", "multistream__default__0M", "emptycache__default__0M", "crossstream__default__320M", "cudagraph__default__0M"] {
         let path = dir.join(format!("{name}.pickle.gz"));
-        let Ok(snap) = read_trace(&path) else { continue };
-        let prepared = Prepared::new(&snap, None, H200, None).unwrap();
-        let peak = prepared.own_outcome.peak_reserved;
-        for capacity in [None, Some(peak + peak / 20), Some(peak - peak / 10)] {
-            let strip = |rows: Vec<allocsim_whatif::sweep::Row>| -> Vec<(String, Vec<allocsim_whatif::sweep::Outcome>)> {
-                let mut v: Vec<_> = rows
-                    .into_iter()
-                    .map(|r| (r.conf, r.outcomes.into_iter().map(|o| allocsim_whatif::sweep::Outcome { same_as: None, ..o }).collect()))
-                    .collect();
-                v.sort_by(|a: &(String, _), b| a.0.cmp(&b.0));
-                v
-            };
-            let shared = sweep_with(&prepared, &points, capacity, 4, true, &|| {});
-            shared_outcomes += shared.iter().flat_map(|r| &r.outcomes).filter(|o| o.same_as.is_some()).count();
-            total += shared.iter().map(|r| r.outcomes.len()).sum::<usize>();
-            let separate = sweep_with(&prepared, &points, capacity, 4, false, &|| {});
-            assert_eq!(strip(shared), strip(separate), "{name} under {capacity:?}");
+        let Ok(whole) = read_trace(&path) else { continue };
+        // The whole trace, and the trace cut at a third (it then starts mid-history, from a
+        // restored state; placements are not shared there).
+        let mut cut = whole.clone();
+        let n = cut.device_traces[0].len();
+        cut.device_traces[0] = cut.device_traces[0][n / 3..].to_vec();
+        for snap in [whole, cut] {
+            let prepared = Prepared::new(&snap, None, H200, None).unwrap();
+            mid_history += usize::from(prepared.program.initial.is_some());
+            let peak = prepared.own_outcome.peak_reserved;
+            for capacity in [None, Some(peak + peak / 20), Some(peak - peak / 10)] {
+                let strip = |rows: Vec<allocsim_whatif::sweep::Row>| -> Vec<(String, Vec<allocsim_whatif::sweep::Outcome>)> {
+                    let mut v: Vec<_> = rows
+                        .into_iter()
+                        .map(|r| (r.conf, r.outcomes.into_iter().map(|o| allocsim_whatif::sweep::Outcome { same_as: None, ..o }).collect()))
+                        .collect();
+                    v.sort_by(|a: &(String, _), b| a.0.cmp(&b.0));
+                    v
+                };
+                let shared = sweep_with(&prepared, &points, capacity, 4, true, &|| {});
+                shared_outcomes += shared.iter().flat_map(|r| &r.outcomes).filter(|o| o.same_as.is_some()).count();
+                total += shared.iter().map(|r| r.outcomes.len()).sum::<usize>();
+                let separate = sweep_with(&prepared, &points, capacity, 4, false, &|| {});
+                assert_eq!(strip(shared), strip(separate), "{name} under {capacity:?}");
+            }
         }
     }
     // The check means something only if some replays were shared and others were not.
     eprintln!("{shared_outcomes} of {total} outcomes shared");
     assert!(shared_outcomes > 0 && shared_outcomes < total, "{shared_outcomes} of {total} outcomes shared");
+    assert!(mid_history >= 3, "only {mid_history} cut traces start mid-history");
 }
