@@ -3,27 +3,9 @@
 //! range, unknown actions, pre-2.1 snapshots): each bad input ends with exit status 2 and one
 //! `allocsim: error: ...` line naming the entry, never a panic.
 
-use std::path::PathBuf;
-
 mod common;
 use common::*;
 
-
-/// A file under the temp dir, removed when dropped.
-struct TempFile(PathBuf);
-impl TempFile {
-    fn new(name: &str) -> TempFile {
-        TempFile(std::env::temp_dir().join(format!("allocsim-robust-{}-{name}", std::process::id())))
-    }
-    fn arg(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 /// `traces/frag__default__2048M` in JSON Lines with the first half of its events cut off, as the
 /// ring buffer would.

@@ -22,21 +22,6 @@ use allocsim_replay::{ReplaySpec, ReplaySummary, Request};
 use allocsim_trace::jsonl_stream::JsonlFile;
 use allocsim_trace::{Action, Snapshot, SnapshotSegment, TraceEntry, read_trace, write_trace};
 
-/// A file under the temp dir, removed when dropped.
-struct TempFile(PathBuf);
-impl TempFile {
-    fn new(name: &str) -> TempFile {
-        TempFile(std::env::temp_dir().join(format!("allocsim-stream-{}-{name}", std::process::id())))
-    }
-    fn arg(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 fn jsonl_of(snap: &Snapshot, name: &str) -> TempFile {
     let f = TempFile::new(&format!("{name}.jsonl"));

@@ -60,3 +60,21 @@ pub fn json(args: &[&str]) -> Value {
     let out = success(args);
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("`allocsim {}` printed no JSON object: {e}\n{out}", args.join(" ")))
 }
+
+/// A file under the temp dir (named by the test process and `name`), removed when dropped.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    pub fn new(name: &str) -> TempFile {
+        TempFile(std::env::temp_dir().join(format!("allocsim-test-{}-{name}", std::process::id())))
+    }
+    pub fn arg(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}

@@ -283,28 +283,28 @@ impl FreeSet {
         c.is_at(i, size, ptr).then(|| c.ids[i])
     }
 
-    /// The blocks of `stream` from the first `>= (size, ptr)` upward: `(size, ptr, id)`
-    /// (`pool.blocks.lower_bound(&key)` and the `++it` after it, up to the stream's end).
+    /// A walk of `stream`'s blocks from the lower bound of `(size, ptr)`.
     #[inline]
-    pub fn range_from(&self, stream: u64, size: u64, ptr: u64) -> Forward<'_> {
+    fn walk<const UP: bool>(&self, stream: u64, size: u64, ptr: u64) -> Walk<'_, UP> {
         match self.stream(stream) {
             Some(set) => {
                 let (ci, i) = set.lower_bound(size, ptr);
-                Forward { set: Some(set), ci, i }
+                Walk { set: Some(set), ci, i }
             }
-            None => Forward { set: None, ci: 0, i: 0 },
+            None => Walk { set: None, ci: 0, i: 0 },
         }
     }
 
+    /// The blocks of `stream` from the first `>= (size, ptr)` upward: `(size, ptr, id)`
+    /// (`pool.blocks.lower_bound(&key)` and the `++it` after it, up to the stream's end).
+    #[inline]
+    pub fn range_from(&self, stream: u64, size: u64, ptr: u64) -> Walk<'_, true> {
+        self.walk(stream, size, ptr)
+    }
+
     /// The blocks of `stream` below `(size, ptr)`, largest first (`--it` from the lower bound).
-    pub fn range_below(&self, stream: u64, size: u64, ptr: u64) -> Backward<'_> {
-        match self.stream(stream) {
-            Some(set) => {
-                let (ci, i) = set.lower_bound(size, ptr);
-                Backward { set: Some(set), ci, i }
-            }
-            None => Backward { set: None, ci: 0, i: 0 },
-        }
+    pub fn range_below(&self, stream: u64, size: u64, ptr: u64) -> Walk<'_, false> {
+        self.walk(stream, size, ptr)
     }
 
     /// Every block, in comparator order: `((stream, size, ptr), id)`.
@@ -325,14 +325,15 @@ impl FreeSet {
     }
 }
 
-/// Walks one stream's blocks upward: `(size, ptr, id)`.
-pub struct Forward<'a> {
+/// A walk over one stream's blocks from a position, upward (`UP`, starting at the position) or
+/// downward (starting below it): `(size, ptr, id)`.
+pub struct Walk<'a, const UP: bool> {
     set: Option<&'a SizeSet>,
     ci: usize,
     i: usize,
 }
 
-impl Iterator for Forward<'_> {
+impl Iterator for Walk<'_, true> {
     type Item = (u64, u64, BlockId);
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
@@ -350,14 +351,7 @@ impl Iterator for Forward<'_> {
     }
 }
 
-/// Walks one stream's blocks downward from a position: `(size, ptr, id)`.
-pub struct Backward<'a> {
-    set: Option<&'a SizeSet>,
-    ci: usize,
-    i: usize,
-}
-
-impl Iterator for Backward<'_> {
+impl Iterator for Walk<'_, false> {
     type Item = (u64, u64, BlockId);
     fn next(&mut self) -> Option<Self::Item> {
         let set = self.set?;
