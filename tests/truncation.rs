@@ -176,3 +176,41 @@ fn the_reconstructed_state_is_reported() {
     let full = run(&snap, &ReplaySpec { capacity: capacity(&meta(&path)), ..ReplaySpec::default() }).unwrap();
     assert!(full.program.initial.is_none() && full.program.reconstruct_error.is_none());
 }
+
+/// A cut trace replayed under settings other than its own: the restored state was reached under
+/// the recorded settings and may be one these settings never reach (a split segment with a free
+/// piece of at least `max_split_size`). Whatever the settings, capacity and placement, the
+/// allocator must stay consistent (blocks tile their segments, the free sets hold exactly the free
+/// blocks, the statistics agree): `release_available_cached_blocks` once cut such a piece out of
+/// its segment.
+#[test]
+fn cut_traces_stay_consistent_under_other_settings() {
+    use allocsim_model::AllocatorConfig;
+    use allocsim_replay::Prepared;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces");
+    let mut checked = 0;
+    for path in runs_in(&dir) {
+        let snap = read_trace(&path).unwrap();
+        let n = snap.device_traces[0].len();
+        for cut in [n / 3, n / 2] {
+            let p = Prepared::new(&truncated(&snap, cut), None, 150_109_880_320, None).unwrap();
+            if p.program.initial.is_none() {
+                continue;
+            }
+            let peak = p.own_outcome.peak_reserved;
+            for conf in ["max_split_size_mb:64", "max_split_size_mb:128", "garbage_collection_threshold:0.6", "roundup_power2_divisions:2", "expandable_segments:True"] {
+                let config = AllocatorConfig::parse(conf).unwrap();
+                for cap in [None, Some(peak + peak / 20), Some(peak - peak / 10)] {
+                    for (name, placement) in p.placements(4) {
+                        let o = p.replay(&config, cap, placement);
+                        if let Err(e) = o.allocator.check_invariants() {
+                            panic!("{} cut at {cut} under {conf}, cap {cap:?}, placement {name}: {e}", path.display());
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} replays checked");
+}

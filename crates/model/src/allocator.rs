@@ -815,8 +815,14 @@ impl<D: Device> CachingAllocator<D> {
         let key_size = p.size.max(max_split);
         let pool = &self.pools[p.pool as usize];
         let hit = pool.blocks.range_from(p.stream, key_size, 0).next();
+        // An oversize free block is a whole segment in any state PyTorch reaches under these
+        // settings (requests below `max_split_size` never take one, and oversize blocks are never
+        // split). A state restored from a trace recorded under other settings can hold a split
+        // segment with an oversize free piece: it cannot be cudaFree'd alone, so it is passed
+        // over like an expandable block (`release_block` would cut it out of its segment).
+        let releasable = |s: &Self, id: BlockId| s.b(id).expandable_segment.is_none() && !s.b(id).is_split();
         match hit {
-            Some((_, _, id)) if self.b(id).expandable_segment.is_none() => {
+            Some((_, _, id)) if releasable(self, id) => {
                 self.release_block(id);
                 true
             }
@@ -835,7 +841,7 @@ impl<D: Device> CachingAllocator<D> {
                     if !(total_released < key_size && size >= max_split) {
                         break;
                     }
-                    if self.b(id).expandable_segment.is_none() {
+                    if releasable(self, id) {
                         total_released += size;
                         self.release_block(id);
                     }
@@ -900,6 +906,7 @@ impl<D: Device> CachingAllocator<D> {
 
     /// `release_block`: cudaFree a whole free segment.
     fn release_block(&mut self, id: BlockId) {
+        debug_assert!(!self.b(id).is_split(), "release_block of a piece of a segment");
         let b = self.b(id).clone();
         self.stats.num_device_free += 1;
         self.events.push(Event { kind: EventKind::SegmentFree, addr: b.ptr, size: b.size, stream: b.stream, pool: b.pool });
