@@ -277,6 +277,8 @@ impl<D: Device> CachingAllocator<D> {
         self.blocks.iter().enumerate().filter(move |(i, _)| !free.contains(&(*i as u32))).map(|(i, b)| (i as u32, b))
     }
 
+    /// Keeps `largest_size_seen`. Every block is made by `new_block` (a merge never grows one past
+    /// its segment, which was noted when made); `malloc` notes the rounded request.
     #[inline]
     fn note_size(&mut self, size: u64) {
         self.largest_size_seen = self.largest_size_seen.max(size);
@@ -720,8 +722,6 @@ impl<D: Device> CachingAllocator<D> {
             self.pools[s.pool as usize].unmapped.remove(&(s.stream, s.ptr));
         }
         self.bm(dst).size += s.size;
-        let merged = self.b(dst).size;
-        self.note_size(merged);
         self.delete_block(src);
         s.size
     }

@@ -38,8 +38,8 @@ fn count_below(keys: &[u128], k: u128) -> usize {
 }
 
 /// Up to [`CHUNK_MAX`] consecutive keys, inline, sizes apart from addresses: a lookup counts the
-/// smaller sizes (one compare per key, no dependent loads) and steps over equal sizes with
-/// lower addresses.
+/// keys below it (smaller sizes, and equal sizes at lower addresses) in one branch-free pass, with
+/// no dependent loads.
 #[derive(Clone, Debug)]
 struct Chunk {
     len: usize,

@@ -445,6 +445,19 @@ impl<D: Device, S: Slots> Stepper<D, S> {
     /// Applies `op` (`request`: a malloc's). At a release run, and at a completion of a pending
     /// free, `is_empty_cache(allocator)` says whether it was an `empty_cache()` call, or a
     /// completion the next malloc's synchronize made.
+    /// The cross-stream events of the free `t` completed: now (`process_events`), or, when
+    /// `is_empty_cache` says the next malloc's own synchronize made it (see `replay`), held until
+    /// that malloc. Returns whether it was held.
+    fn complete_or_hold(&mut self, t: u64, is_empty_cache: impl FnOnce(&CachingAllocator<D>) -> bool) -> bool {
+        let held = is_empty_cache(&self.alloc);
+        if held {
+            self.held.push(t);
+        } else {
+            self.alloc.complete_free(t);
+        }
+        held
+    }
+
     pub fn step(&mut self, op: Op, request: Option<&Request>, is_empty_cache: impl FnOnce(&CachingAllocator<D>) -> bool) -> Step {
         let mut step = Step::default();
         let alloc = &mut self.alloc;
@@ -480,13 +493,7 @@ impl<D: Device, S: Slots> Stepper<D, S> {
             }
             Op::Complete(req) => {
                 if let Some(t) = self.slots.take_token(req) {
-                    if is_empty_cache(alloc) {
-                        // Completed by the next malloc's own synchronize (see `replay`).
-                        step.flag = true;
-                        self.held.push(t);
-                    } else {
-                        alloc.complete_free(t);
-                    }
+                    step.flag = self.complete_or_hold(t, is_empty_cache);
                 }
             }
             Op::ReleaseRun { .. } => {
@@ -504,12 +511,7 @@ impl<D: Device, S: Slots> Stepper<D, S> {
             }
             Op::CompletePre(pre) => {
                 if let Some(t) = self.pre_tokens.get_mut(pre as usize).and_then(Option::take) {
-                    if is_empty_cache(alloc) {
-                        step.flag = true;
-                        self.held.push(t);
-                    } else {
-                        alloc.complete_free(t);
-                    }
+                    step.flag = self.complete_or_hold(t, is_empty_cache);
                 }
             }
             Op::ForcedRelease { addr, unmap } => {
