@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Record the field-like workloads of tools/record_field.py on a GPU machine with torch, from the repository root:
+#
+#   OUT=out GROUP=oom bash tools/record_field.sh
+#
+# GROUP picks the runs (one or more, space-separated): `oom` (device full, neighbour moving, fraction caps, C++ stacks, Llama), `pools`
+# (MemPool, shared graph pools), `compile` (torch.compile reduce-overhead). Each run is a fresh process with a
+# time limit; results land in $OUT as res.tar.part-* (15 MB pieces: cat them and untar) and log.txt.
+set -u
+OUT=${OUT:-out}
+GROUP=${GROUP:-oom}
+LIMIT=${LIMIT:-150}
+mkdir -p "$OUT/res"
+exec > >(tee "$OUT/log.txt") 2>&1
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+ES=expandable_segments:True
+DEADLINE=${DEADLINE:-520}  # seconds after which remaining runs are skipped (results still packed)
+run() {  # name workload flags...
+  local name=$1; shift
+  if (( $(date +%s) - t0 > DEADLINE )); then echo "-- $name skipped (deadline)"; return; fi
+  local s=$(date +%s)
+  PYTHONUNBUFFERED=1 timeout "$LIMIT" python3 tools/record_field.py "$1" "$OUT/res/$name" "${@:2}"
+  echo "-- $name rc=$? $(( $(date +%s) - s )) s"
+}
+for G in $GROUP; do
+case $G in
+oom)
+  run devfull_frag__default frag --leave-mib 2200
+  run devfull_frag__expandable frag --leave-mib 2200 --conf $ES
+  run devfull_train__default train --leave-mib 4096
+  run devfull_train__expandable train --leave-mib 4096 --conf $ES
+  run devfull_findbatch__default findbatch --leave-mib 5120 --defaults
+  run devfull_findbatch__expandable findbatch --leave-mib 5120 --conf $ES
+  run neighbour__default neighbour --leave-mib 6144
+  run neighbour__expandable neighbour --leave-mib 6144 --conf $ES
+  run fraccap_findbatch__default findbatch --cap-mib 5120
+  run fraccap_findbatch__expandable findbatch --cap-mib 5120 --conf $ES
+  run fraccap_train__gc06msplit128 train --cap-mib 4096 --conf garbage_collection_threshold:0.6,max_split_size_mb:128
+  run tiny_stacks_all__default tiny --defaults
+  run tiny_annotations__default tiny --defaults --annotations
+  run llama_train__default llama --stacks python
+  run llama_train_stacks_all__default llama --defaults
+  run llama_oom__default llama_oom --cap-mib 6144 --defaults
+  ;;
+pools)
+  run mempool__default mempool
+  run mempool__expandable mempool --conf $ES
+  run mempool_nested__default mempool_nested
+  run mempool_nested__expandable mempool_nested --conf $ES
+  run mempool_oom__default mempool_oom --cap-mib 600
+  run graphs__default graphs
+  run graphs__expandable graphs --conf $ES
+  ;;
+compile)
+  run compile_infer__default compile_infer --compile-context
+  run compile_infer__expandable compile_infer --conf $ES --compile-context
+  run compile_train__default compile_train --compile-context
+  run compile_train__expandable compile_train --conf $ES --compile-context
+  ;;
+esac
+done
+echo "== done in $(( $(date +%s) - t0 )) s"
+ls -la "$OUT/res"
+tar -cf - -C "$OUT" res | split -b 15000000 - "$OUT/res.tar.part-"
+rm -rf "$OUT/res"
+ls -la "$OUT"
