@@ -1,5 +1,8 @@
-//! Command-line interface: `replay`, `validate`, `convert`.
+//! Command-line interface: argument parsing, dispatch, and the `replay`, `validate` and
+//! `convert` commands.
 
+use std::ffi::OsString;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use allocsim_model::constants::H200_TOTAL_MEMORY;
@@ -13,6 +16,7 @@ use allocsim_trace::jsonl_stream::JsonlFile;
 use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
 
+use crate::output::{Io, PipeWriter};
 use crate::size::parse_size;
 
 #[derive(Parser)]
@@ -113,7 +117,8 @@ enum Command {
 }
 
 /// An error for the user: one line, exit status 2.
-pub(crate) struct UserError(pub(crate) String);
+#[derive(Debug)]
+pub struct UserError(pub String);
 
 impl<E: std::fmt::Display> From<E> for UserError {
     fn from(e: E) -> Self {
@@ -121,28 +126,67 @@ impl<E: std::fmt::Display> From<E> for UserError {
     }
 }
 
+/// The binary: parses the process's arguments (clap prints help and argument errors itself) and
+/// runs the command on stdout and stderr. A reader that closes either early ends the command
+/// quietly (see [`crate::output`]).
 pub fn main() -> i32 {
     let cli = Cli::parse();
-    let r = match cli.command {
-        Command::Replay { args, json, backend: Backend::Sim } => cmd_replay(&args, json),
-        Command::Replay { args, json, backend: Backend::Cuda } => cmd_replay_cuda(&args, json),
-        Command::Validate { trace, capacity, device_memory, json } => cmd_validate(&trace, capacity, device_memory, json),
-        Command::Convert { input, output } => cmd_convert(&input, &output),
-        Command::Explain(a) => crate::explain_cmd::cmd_explain(&a),
-        Command::Report(a) => crate::report_cmd::cmd_report(&a),
-        Command::Export(a) => crate::report_cmd::cmd_export(&a),
-        Command::Sweep(a) => crate::whatif_cmds::cmd_sweep(&a),
-        Command::Fit(a) => crate::whatif_cmds::cmd_fit(&a),
-        Command::Compare(a) => crate::whatif_cmds::cmd_compare(&a),
-        Command::Synth(a) => crate::synth_cmd::cmd_synth(&a),
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    let mut out = PipeWriter::new(std::io::BufWriter::with_capacity(1 << 16, stdout.lock()));
+    let mut err = PipeWriter::new(stderr.lock());
+    let code = execute(cli.command, &mut Io { out: &mut out, err: &mut err });
+    match out.flush() {
+        Ok(()) => code,
+        Err(e) => report(&mut err, &UserError(format!("writing the output: {e}"))),
+    }
+}
+
+/// Runs one command line (`argv[0]` is the program name) with its answer written to `out` and
+/// its notes to `err`; returns the exit status the binary would have. Argument errors and
+/// `--help` are written as clap renders them (without colour).
+pub fn run<I, T>(argv: I, out: &mut dyn Write, err: &mut dyn Write) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    match Cli::try_parse_from(argv) {
+        Ok(cli) => execute(cli.command, &mut Io { out, err }),
+        Err(e) => {
+            let text = e.render().to_string();
+            let w: &mut dyn Write = if e.use_stderr() { err } else { out };
+            let _ = w.write_all(text.as_bytes());
+            e.exit_code()
+        }
+    }
+}
+
+/// Runs a parsed command: its exit status, or 2 after one `allocsim: error:` line.
+fn execute(command: Command, io: &mut Io<'_>) -> i32 {
+    let r = match command {
+        Command::Replay { args, json, backend: Backend::Sim } => cmd_replay(&args, json, io),
+        Command::Replay { args, json, backend: Backend::Cuda } => cmd_replay_cuda(&args, json, io),
+        Command::Validate { trace, capacity, device_memory, json } => cmd_validate(&trace, capacity, device_memory, json, io),
+        Command::Convert { input, output } => cmd_convert(&input, &output, io),
+        Command::Explain(a) => crate::explain_cmd::cmd_explain(&a, io),
+        Command::Report(a) => crate::report_cmd::cmd_report(&a, io),
+        Command::Export(a) => crate::report_cmd::cmd_export(&a, io),
+        Command::Sweep(a) => crate::whatif_cmds::cmd_sweep(&a, io),
+        Command::Fit(a) => crate::whatif_cmds::cmd_fit(&a, io),
+        Command::Compare(a) => crate::whatif_cmds::cmd_compare(&a, io),
+        Command::Synth(a) => crate::synth_cmd::cmd_synth(&a, io),
     };
     match r {
         Ok(code) => code,
-        Err(UserError(msg)) => {
-            eprintln!("allocsim: error: {msg}");
-            2
-        }
+        Err(e) => report(io.err, &e),
     }
+}
+
+/// Writes the error line; exit status 2.
+fn report(err: &mut dyn Write, e: &UserError) -> i32 {
+    let _ = writeln!(err, "allocsim: error: {}", e.0);
+    let _ = err.flush();
+    2
 }
 
 pub(crate) fn load(path: &Path) -> Result<Snapshot, UserError> {
@@ -177,12 +221,12 @@ impl ReplayArgs {
 /// `--device N`: that device; else every device with entries (in device order). A JSON Lines
 /// trace is replayed as a stream, in memory bounded by the live set, where that gives the same
 /// answer (see `allocsim_replay::stream`); else (and for pickles) the trace is read whole.
-fn run_replays(args: &ReplayArgs) -> Result<Vec<ReplaySummary>, UserError> {
+fn run_replays(args: &ReplayArgs, err: &mut dyn Write) -> Result<Vec<ReplaySummary>, UserError> {
     if !args.in_memory
         && args.addresses_from.is_none()
         && args.placements.is_none()
         && let Some(file) = JsonlFile::open(&args.trace).map_err(|e| trace_error(&args.trace, e))?
-        && let Some(v) = run_streamed(&file, args)?
+        && let Some(v) = run_streamed(&file, args, err)?
     {
         return Ok(v);
     }
@@ -200,7 +244,7 @@ const NOTE_FALLBACK_ABOVE: u64 = 1 << 30;
 
 /// Replays a JSON Lines trace in one pass over its events (after a first pass for its final
 /// segments); `None` when only the in-memory replay gives the answer.
-fn run_streamed(file: &JsonlFile, args: &ReplayArgs) -> Result<Option<Vec<ReplaySummary>>, UserError> {
+fn run_streamed(file: &JsonlFile, args: &ReplayArgs, err: &mut dyn Write) -> Result<Option<Vec<ReplaySummary>>, UserError> {
     let path = file.path();
     let scan = file.scan().map_err(|e| trace_error(path, e))?;
     let input = StreamInput {
@@ -213,7 +257,7 @@ fn run_streamed(file: &JsonlFile, args: &ReplayArgs) -> Result<Option<Vec<Replay
         Ok(Streamed::Done(v)) => Ok(Some(v)),
         Ok(Streamed::Fallback(why)) => {
             if file.len() > NOTE_FALLBACK_ABOVE {
-                eprintln!("allocsim: note: {}: replaying in memory ({why})", path.display());
+                writeln!(err, "allocsim: note: {}: replaying in memory ({why})", path.display())?;
             }
             Ok(None)
         }
@@ -300,91 +344,110 @@ fn fragmentation_json(o: &allocsim_replay::ReplayOutcome) -> Value {
     })
 }
 
-fn cmd_replay(args: &ReplayArgs, as_json: bool) -> Result<i32, UserError> {
-    let all = run_replays(args)?;
+fn cmd_replay(args: &ReplayArgs, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
+    let all = run_replays(args, io.err)?;
     if as_json {
-        return replay_one(args, &all[0], true, &all);
+        write_json(io.out, &replay_json(args, &all[0], &all))?;
+        return Ok(0);
     }
-    if all.len() > 1 {
-        println!("{}: {} devices, each replayed on its own allocator; worst first (most OOMs, then highest peak reserved)", args.trace.display(), all.len());
-    }
-    for &i in &allocsim_replay::devices::worst_first(&all) {
-        replay_one(args, &all[i], false, &all)?;
-    }
+    write_replay_text(io.out, args, &all)?;
     Ok(0)
 }
 
-fn replay_one(args: &ReplayArgs, r: &ReplaySummary, as_json: bool, all: &[ReplaySummary]) -> Result<i32, UserError> {
+/// Writes one JSON value and a newline.
+pub fn write_json<T: serde::Serialize + ?Sized>(out: &mut dyn Write, v: &T) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, v)?;
+    writeln!(out)
+}
+
+/// `replay --json`: the device `r` at the top level, every device in `devices`.
+fn replay_json(args: &ReplayArgs, r: &ReplaySummary, all: &[ReplaySummary]) -> Value {
+    let o = &r.outcome;
+    let placements: Vec<Value> = r
+        .placements
+        .iter()
+        .map(|(name, p)| json!({"name": name, "first_oom": p.first_oom(), "peak_reserved": p.peak_reserved, "ooms": p.ooms.len()}))
+        .collect();
+    json!({
+        "trace": args.trace.display().to_string(),
+        "device": r.device,
+        "config": r.options.config.source,
+        "capacity": r.options.capacity,
+        "requests": r.requests,
+        "stats": o.stats.to_memory_stats(),
+        "segment_events": o.segment_events,
+        "ooms": o.ooms.iter().zip(&r.oom_requests).map(|(x, q)| oom_json(r, x, q)).collect::<Vec<_>>(),
+        "first_oom": o.first_oom(),
+        "empty_cache_calls": o.empty_cache_requests,
+        "unknown_frees": r.unknown_frees,
+        "initial_state": initial_state_json(r),
+        "reconstruct_error": r.reconstruct_error,
+        "torch_version": args.torch_version.to_string(),
+        "devices": devices_json(all),
+        "placements": if args.placements.is_some() { Value::from(placements) } else { Value::Null },
+        "placement_independent": r.options.config.expandable_segments,
+        "fragmentation": fragmentation_json(o),
+    })
+}
+
+/// `replay` as text: every device, worst first.
+fn write_replay_text(out: &mut dyn Write, args: &ReplayArgs, all: &[ReplaySummary]) -> std::io::Result<()> {
+    if all.len() > 1 {
+        writeln!(out, "{}: {} devices, each replayed on its own allocator; worst first (most OOMs, then highest peak reserved)", args.trace.display(), all.len())?;
+    }
+    for &i in &allocsim_replay::devices::worst_first(all) {
+        write_device_text(out, args, &all[i])?;
+    }
+    Ok(())
+}
+
+fn write_device_text(out: &mut dyn Write, args: &ReplayArgs, r: &ReplaySummary) -> std::io::Result<()> {
     let o = &r.outcome;
     let placement_independent = r.options.config.expandable_segments;
-    if as_json {
-        let placements: Vec<Value> = r
-            .placements
-            .iter()
-            .map(|(name, p)| json!({"name": name, "first_oom": p.first_oom(), "peak_reserved": p.peak_reserved, "ooms": p.ooms.len()}))
-            .collect();
-        let out = json!({
-            "trace": args.trace.display().to_string(),
-            "device": r.device,
-            "config": r.options.config.source,
-            "capacity": r.options.capacity,
-            "requests": r.requests,
-            "stats": o.stats.to_memory_stats(),
-            "segment_events": o.segment_events,
-            "ooms": o.ooms.iter().zip(&r.oom_requests).map(|(x, q)| oom_json(r, x, q)).collect::<Vec<_>>(),
-            "first_oom": o.first_oom(),
-            "empty_cache_calls": o.empty_cache_requests,
-            "unknown_frees": r.unknown_frees,
-            "initial_state": initial_state_json(r),
-            "reconstruct_error": r.reconstruct_error,
-            "torch_version": args.torch_version.to_string(),
-            "devices": devices_json(all),
-            "placements": if args.placements.is_some() { Value::from(placements) } else { Value::Null },
-            "placement_independent": placement_independent,
-            "fragmentation": fragmentation_json(o),
-        });
-        println!("{}", serde_json::to_string(&out).expect("JSON"));
-        return Ok(0);
-    }
     let s = &o.stats;
     let conf = if r.options.config.source.is_empty() { "defaults".to_string() } else { r.options.config.source.clone() };
-    println!("{} (device {}): {} requests replayed under {conf}", args.trace.display(), r.device, r.requests);
+    writeln!(out, "{} (device {}): {} requests replayed under {conf}", args.trace.display(), r.device, r.requests)?;
     if let Some(c) = r.options.capacity {
-        println!("  allowed maximum   {} ({c} bytes)", format_size(c));
+        writeln!(out, "  allowed maximum   {} ({c} bytes)", format_size(c))?;
     }
     let peak_res = s.reserved_bytes.all().peak as u64;
     let peak_alloc = s.allocated_bytes.all().peak as u64;
-    println!(
+    writeln!(
+        out,
         "  peak reserved     {}   (peak allocated {}; {} reserved beyond it)",
         format_size(peak_res),
         format_size(peak_alloc),
         format_size(peak_res.saturating_sub(peak_alloc))
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "  at the end        {} reserved in {} segments, {} allocated",
         format_size(s.reserved_bytes.all().current as u64),
         s.segment.all().current,
         format_size(s.allocated_bytes.all().current as u64)
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "  device calls      {} cudaMalloc/map, {} cudaFree/unmap; {} alloc retries, {} full synchronizations",
         s.num_device_alloc, s.num_device_free, s.num_alloc_retries, s.num_sync_all_streams
-    );
+    )?;
     let end = allocsim_report::frag::breakdown(&o.allocator);
-    println!(
+    writeln!(
+        out,
         "  fragmentation     utilization {:.1}% (peak active ÷ peak reserved); at the end {} free, largest block {} ({:.0}% of the free), {} rounding inside live blocks",
         100.0 * s.active_bytes.all().peak as f64 / (peak_res.max(1) as f64),
         format_size(end.free),
         format_size(end.largest_free_block),
         if end.free > 0 { 100.0 * end.largest_free_block as f64 / end.free as f64 } else { 100.0 },
         format_size(end.rounding_waste)
-    );
+    )?;
     let ec = &o.empty_cache_requests;
     if !ec.is_empty() {
-        println!("  empty_cache()     {} calls, inferred from the trace's releases", ec.len());
+        writeln!(out, "  empty_cache()     {} calls, inferred from the trace's releases", ec.len())?;
     }
     if let Some(init) = &r.initial {
-        println!(
+        writeln!(
+            out,
             "  mid-history       the trace's first entry is not the job's (the ring buffer of max_entries): the replay starts from the state reconstructed from the final segments, {} pre-existing blocks ({} allocated in {} blocks, {} pending free) in {} segments ({} reserved); counters count from the trace's start, peaks are the trace's",
             init.blocks.len(),
             format_size(init.allocated_bytes()),
@@ -392,32 +455,34 @@ fn replay_one(args: &ReplayArgs, r: &ReplaySummary, as_json: bool, all: &[Replay
             init.pending_blocks(),
             init.segments.len(),
             format_size(init.reserved_bytes())
-        );
+        )?;
     }
     if let Some(e) = &r.reconstruct_error {
-        println!("  note              the state at the trace's start could not be reconstructed ({e}); the replay starts from an empty allocator");
+        writeln!(out, "  note              the state at the trace's start could not be reconstructed ({e}); the replay starts from an empty allocator")?;
     }
     if r.unknown_frees > 0 {
-        println!(
+        writeln!(
+            out,
             "  note              {} frees of blocks allocated before the trace began were ignored",
             r.unknown_frees
-        );
+        )?;
     }
     match o.ooms.first().zip(r.oom_requests.first()) {
-        None => println!("  OOMs              none"),
+        None => writeln!(out, "  OOMs              none")?,
         Some((first, &(ref req, device_free))) => {
-            println!(
+            writeln!(
+                out,
                 "  OOMs              {} ; the first at request {} ({} on stream {}{}):",
                 o.ooms.len(),
                 first.request,
                 format_size(req.size),
                 req.stream,
                 if req.recorded_oom { ", an OOM in the trace too" } else { "" }
-            );
-            println!("    {}", message(r, first, device_free));
+            )?;
+            writeln!(out, "    {}", message(r, first, device_free))?;
             let rest: Vec<String> = o.ooms.iter().skip(1).take(8).map(|x| x.request.to_string()).collect();
             if !rest.is_empty() {
-                println!("    later OOMs at requests {}{}", rest.join(", "), if o.ooms.len() > 9 { ", ..." } else { "" });
+                writeln!(out, "    later OOMs at requests {}{}", rest.join(", "), if o.ooms.len() > 9 { ", ..." } else { "" })?;
             }
         }
     }
@@ -436,53 +501,56 @@ fn replay_one(args: &ReplayArgs, r: &ReplaySummary, as_json: bool, all: &[Replay
             }
             line.push_str(&format!("OOM in {n_oom} of {n} placements"));
         }
-        println!("  placements        {line}");
+        writeln!(out, "  placements        {line}")?;
         if placement_independent {
-            println!("                    (expandable segments: the decisions do not depend on where segments are placed)");
+            writeln!(out, "                    (expandable segments: the decisions do not depend on where segments are placed)")?;
         }
         for (name, p) in &r.placements {
-            println!(
+            writeln!(
+                out,
                 "    {name:<11} peak reserved {:>11}   first OOM {}",
                 format_size(p.peak_reserved),
                 p.first_oom().map_or("none".to_string(), |x| format!("at request {x}"))
-            );
+            )?;
         }
     }
-    Ok(0)
+    Ok(())
 }
 
-fn cmd_validate(path: &Path, capacity: Option<u64>, device_memory: u64, as_json: bool) -> Result<i32, UserError> {
+fn cmd_validate(path: &Path, capacity: Option<u64>, device_memory: u64, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
     let snap = load(path)?;
     let spec = ReplaySpec { capacity, device_memory, ..ReplaySpec::default() };
     let r = allocsim_replay::run(&snap, &spec)?;
     let v = allocsim_replay::validate(&r);
     if as_json {
-        println!("{}", serde_json::to_string(&v).expect("JSON"));
+        write_json(io.out, &v)?;
     } else {
-        println!("{} (device {}): replay under its own settings against the recording", path.display(), r.device);
+        let out = &mut *io.out;
+        writeln!(out, "{} (device {}): replay under its own settings against the recording", path.display(), r.device)?;
         for (name, a) in [
             ("segment events", &v.segment_events),
             ("OOMs", &v.ooms),
             ("alloc addresses", &v.alloc_addresses),
             ("final segments", &v.final_segments),
         ] {
-            println!(
+            writeln!(
+                out,
                 "  {name:<16} {}/{} reproduced{}",
                 a.matched,
                 a.recorded,
                 a.first_divergence.as_ref().map(|d| format!("; first divergence: {d}")).unwrap_or_default()
-            );
+            )?;
         }
-        println!("  {}", if v.exact { "exact" } else { "NOT exact" });
+        writeln!(out, "  {}", if v.exact { "exact" } else { "NOT exact" })?;
     }
     Ok(if v.exact { 0 } else { 1 })
 }
 
-fn cmd_convert(input: &Path, output: &Path) -> Result<i32, UserError> {
+fn cmd_convert(input: &Path, output: &Path, io: &mut Io<'_>) -> Result<i32, UserError> {
     let snap = load(input)?;
     allocsim_trace::write_trace(&snap, output)?;
     let n: usize = snap.device_traces.iter().map(|t| t.len()).sum();
-    eprintln!("wrote {} ({} trace entries, {} segments)", output.display(), n, snap.segments.len());
+    writeln!(io.err, "wrote {} ({} trace entries, {} segments)", output.display(), n, snap.segments.len())?;
     Ok(0)
 }
 
@@ -497,14 +565,14 @@ enum Backend {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cmd_replay_cuda(_: &ReplayArgs, _: bool) -> Result<i32, UserError> {
+fn cmd_replay_cuda(_: &ReplayArgs, _: bool, _: &mut Io<'_>) -> Result<i32, UserError> {
     Err(UserError("allocsim was built without the `cuda` feature; rebuild with --features cuda".into()))
 }
 
 /// Replays on the simulated device (which infers the `empty_cache()` calls), then on GPU 0 with the
 /// same calls. Exit status 1 if any segment event's measured memory differs from the model's.
 #[cfg(feature = "cuda")]
-fn cmd_replay_cuda(args: &ReplayArgs, as_json: bool) -> Result<i32, UserError> {
+fn cmd_replay_cuda(args: &ReplayArgs, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
     let snap = load(&args.trace)?;
     let other = args.addresses_from.as_deref().map(load).transpose()?;
     let r = allocsim_replay::run(&snap, &args.spec(other.as_ref()))?;
@@ -516,7 +584,7 @@ fn cmd_replay_cuda(args: &ReplayArgs, as_json: bool) -> Result<i32, UserError> {
     let real: Vec<_> = gpu.model_events.iter().map(key).collect();
     let first_difference = (sim != real).then(|| sim.iter().zip(&real).position(|(a, b)| a != b).unwrap_or(sim.len().min(real.len())));
     if as_json {
-        let out = json!({
+        let v = json!({
             "trace": args.trace.display().to_string(),
             "device": r.device,
             "config": r.options.config.source,
@@ -527,22 +595,25 @@ fn cmd_replay_cuda(args: &ReplayArgs, as_json: bool) -> Result<i32, UserError> {
             "first_difference": first_difference,
             "exact": gpu.exact(),
         });
-        println!("{}", serde_json::to_string(&out).expect("JSON"));
+        write_json(io.out, &v)?;
     } else {
-        println!(
+        let out = &mut *io.out;
+        writeln!(
+            out,
             "{} (device {}): {} requests, simulated ({} segment events, peak reserved {}), then replayed on the GPU",
             args.trace.display(),
             r.device,
             r.program.requests.len(),
             sim.len(),
             format_size(r.outcome.peak_reserved)
-        );
-        println!("{gpu}");
+        )?;
+        writeln!(out, "{gpu}")?;
         match first_difference {
-            None => println!("  the GPU replay made the same segment events (action, size, request) as the simulated one"),
-            Some(i) => println!(
+            None => writeln!(out, "  the GPU replay made the same segment events (action, size, request) as the simulated one")?,
+            Some(i) => writeln!(
+                out,
                 "  the GPU replay's segment events differ from the simulated ones from event {i} on (the driver placed segments elsewhere; best fit breaks ties by address)"
-            ),
+            )?,
         }
     }
     Ok(if gpu.exact() { 0 } else { 1 })

@@ -1,11 +1,14 @@
 //! `allocsim explain`.
 
+use std::io::{self, Write};
 use std::path::PathBuf;
 
+use allocsim_model::AllocatorConfig;
 use allocsim_model::format::format_size as fs;
-use allocsim_report::explain::{At, CANDIDATES, explain};
+use allocsim_report::explain::{At, CANDIDATES, Explanation, explain};
 
-use crate::cli::{UserError, load};
+use crate::cli::{UserError, load, write_json};
+use crate::output::Io;
 use crate::size::parse_size;
 use crate::whatif_cmds::TraceArgs;
 
@@ -32,7 +35,7 @@ pub struct ExplainArgs {
     pub json: bool,
 }
 
-pub fn cmd_explain(a: &ExplainArgs) -> Result<i32, UserError> {
+pub fn cmd_explain(a: &ExplainArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (_, p, config) = a.trace.prepare_for(a.config.as_deref(), a.capacity)?;
     let placement = match &a.addresses_from {
         Some(path) => {
@@ -52,23 +55,32 @@ pub fn cmd_explain(a: &ExplainArgs) -> Result<i32, UserError> {
         }
     let Some(x) = explain(&p, &config, a.capacity, &placement, at, CANDIDATES) else {
         if a.json {
-            println!("{}", serde_json::json!({"explanation": null, "reason": "no OOM"}));
+            write_json(io.out, &serde_json::json!({"explanation": null, "reason": "no OOM"}))?;
         } else {
-            println!(
+            writeln!(
+                io.out,
                 "{}: no request runs out of memory under {}{} — nothing to explain at `oom` (try --at peak or --at N)",
                 a.trace.trace.display(),
                 if config.source.is_empty() { "the defaults" } else { &config.source },
                 a.capacity.map_or(String::new(), |c| format!(" with {} allowed", fs(c)))
-            );
+            )?;
         }
         return Ok(0);
     };
     if a.json {
-        println!("{}", serde_json::to_string(&x).expect("JSON"));
-        return Ok(0);
+        write_json(io.out, &x)?;
+    } else {
+        write_explanation(io.out, &x, &config, a.capacity, a.top)?;
     }
+    Ok(0)
+}
+
+/// `explain` as text: the request, the allocator's steps, where the free memory is, what pins it,
+/// and what would have worked (`top`: how many pinned segments and sites to list).
+pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &AllocatorConfig, capacity: Option<u64>, top: usize) -> io::Result<()> {
     let pool = if x.small { "small pool" } else { "large pool" };
-    println!(
+    writeln!(
+        out,
         "Request {}: {} ({} bytes, rounded to {}) on stream {}, {pool}{}",
         x.request,
         fs(x.orig_size),
@@ -76,81 +88,86 @@ pub fn cmd_explain(a: &ExplainArgs) -> Result<i32, UserError> {
         fs(x.rounded_size),
         x.stream,
         if x.recorded_oom { "; it ran out of memory in the trace too" } else { "" }
-    );
+    )?;
     match &x.call_site {
-        Some(s) => println!("  from {s}"),
-        None => println!("  (the trace recorded no stack for it)"),
+        Some(s) => writeln!(out, "  from {s}")?,
+        None => writeln!(out, "  (the trace recorded no stack for it)")?,
     }
     if x.frames.len() > 1 {
         for f in x.frames.iter().take(6) {
-            println!("      {}:{} in {}", f.filename, f.line, f.name);
+            writeln!(out, "      {}:{} in {}", f.filename, f.line, f.name)?;
         }
     }
-    println!("  a new segment for it would be {}", fs(x.alloc_size));
-    println!();
-    println!("What the allocator did:");
+    writeln!(out, "  a new segment for it would be {}", fs(x.alloc_size))?;
+    writeln!(out)?;
+    writeln!(out, "What the allocator did:")?;
     for (i, l) in x.step_lines.iter().enumerate() {
-        println!("  {}. {l}", i + 1);
+        writeln!(out, "  {}. {l}", i + 1)?;
     }
     match &x.message {
         Some(m) => {
-            println!("  → out of memory. PyTorch says (without NVML's per-process sentence, which a trace cannot show):");
-            println!("    {m}");
+            writeln!(out, "  → out of memory. PyTorch says (without NVML's per-process sentence, which a trace cannot show):")?;
+            writeln!(out, "    {m}")?;
             if config.expandable_segments {
-                println!("    (its hint to set expandable_segments:True does not apply: it is already on — pytorch/pytorch#173049)");
+                writeln!(out, "    (its hint to set expandable_segments:True does not apply: it is already on — pytorch/pytorch#173049)")?;
             }
         }
-        None => println!("  → served"),
+        None => writeln!(out, "  → served")?,
     }
-    println!();
+    writeln!(out)?;
     let f = &x.free;
-    println!(
+    writeln!(
+        out,
         "Where the {} reserved but not allocated is ({} reserved, {} allocated):",
         fs(f.unallocated()),
         fs(f.reserved),
         fs(f.allocated)
-    );
-    let row = |label: &str, v: u64| {
+    )?;
+    let mut row = |label: &str, v: u64| -> io::Result<()> {
         if v > 0 {
-            println!("  {label:<58} {:>12}", fs(v));
+            writeln!(out, "  {label:<58} {:>12}", fs(v))?;
         }
+        Ok(())
     };
-    row("free, in segments that live blocks keep from being released", f.pinned_by_live_blocks);
-    row("free, in completely free segments", f.in_free_segments);
-    row("  of which in the small pool (≤ 1 MiB requests only)", if x.small { 0 } else { f.free_small_pool });
-    row("  of which in the large pool (> 1 MiB requests only)", if x.small { f.free_large_pool } else { 0 });
-    row("  of which in private pools (CUDA graphs, MemPools)", f.free_private_pools);
-    row("blocks waiting for cross-stream frees (record_stream)", f.pending_frees);
-    row("rounding inside live blocks (allocated − requested)", f.rounding_waste);
+    row("free, in segments that live blocks keep from being released", f.pinned_by_live_blocks)?;
+    row("free, in completely free segments", f.in_free_segments)?;
+    row("  of which in the small pool (≤ 1 MiB requests only)", if x.small { 0 } else { f.free_small_pool })?;
+    row("  of which in the large pool (> 1 MiB requests only)", if x.small { f.free_large_pool } else { 0 })?;
+    row("  of which in private pools (CUDA graphs, MemPools)", f.free_private_pools)?;
+    row("blocks waiting for cross-stream frees (record_stream)", f.pending_frees)?;
+    row("rounding inside live blocks (allocated − requested)", f.rounding_waste)?;
     let other_streams: u64 = f.per_pool.iter().filter(|p| p.stream != x.stream).map(|p| p.free).sum();
-    row("  free memory cached on other streams", other_streams);
-    println!(
+    row("  free memory cached on other streams", other_streams)?;
+    writeln!(
+        out,
         "  usable by this request (stream {}, {pool}): {} free, the largest contiguous block {} (needed {})",
         x.stream,
         fs(x.usable_free),
         fs(x.usable_largest_block),
         fs(x.rounded_size)
-    );
-    println!("  largest contiguous free block anywhere: {}; gap concentration Σgap²/(Σgap)² = {:.4}", fs(f.largest_free_block), f.gap_concentration);
+    )?;
+    writeln!(out, "  largest contiguous free block anywhere: {}; gap concentration Σgap²/(Σgap)² = {:.4}", fs(f.largest_free_block), f.gap_concentration)?;
     if !x.pinning_sites.is_empty() {
-        println!();
-        println!("Live blocks that keep free memory from being released, by where they were allocated:");
-        for s in x.pinning_sites.iter().take(a.top) {
-            println!(
+        writeln!(out)?;
+        writeln!(out, "Live blocks that keep free memory from being released, by where they were allocated:")?;
+        for s in x.pinning_sites.iter().take(top) {
+            writeln!(
+                out,
                 "  {:>12} free pinned by {} block{} ({}) from {}",
                 fs(s.pinned_free),
                 s.blocks,
                 if s.blocks == 1 { "" } else { "s" },
                 fs(s.live_bytes),
                 s.call_site
-            );
+            )?;
         }
     }
     if !x.pinned.is_empty() {
-        println!();
-        println!("Segments whose free memory live blocks pin (most free first; {} such segments):", x.pinned.len());
-        for s in x.pinned.iter().take(a.top) {
-            println!(
+        writeln!(out)?;
+        writeln!(out, "Segments whose free memory live blocks pin (most free first; {} such segments):", x.pinned.len())?;
+        for s in x.pinned.iter().take(top) {
+            writeln!(
+                out,
                 "  {:#x}  {} {}segment, {} free (largest {}), held by {} live block{}:",
                 s.address,
                 fs(s.size),
@@ -159,26 +176,27 @@ pub fn cmd_explain(a: &ExplainArgs) -> Result<i32, UserError> {
                 fs(s.largest_free_block),
                 s.live.len(),
                 if s.live.len() == 1 { "" } else { "s" }
-            );
+            )?;
             for b in s.live.iter().take(4) {
                 let req = if b.request == u32::MAX { "a block from before the trace".to_string() } else { format!("request {}", b.request) };
-                println!("      {} ({req}){}", fs(b.size), b.call_site.as_ref().map(|c| format!(" at {c}")).unwrap_or_default());
+                writeln!(out, "      {} ({req}){}", fs(b.size), b.call_site.as_ref().map(|c| format!(" at {c}")).unwrap_or_default())?;
             }
             if s.live.len() > 4 {
-                println!("      ... {} more", s.live.len() - 4);
+                writeln!(out, "      ... {} more", s.live.len() - 4)?;
             }
         }
-        if x.pinned.len() > a.top {
-            let rest: u64 = x.pinned.iter().skip(a.top).map(|s| s.free).sum();
-            println!("  ... {} more segments with {} free", x.pinned.len() - a.top, fs(rest));
+        if x.pinned.len() > top {
+            let rest: u64 = x.pinned.iter().skip(top).map(|s| s.free).sum();
+            writeln!(out, "  ... {} more segments with {} free", x.pinned.len() - top, fs(rest))?;
         }
     }
     if x.message.is_some() {
-        println!();
-        println!(
+        writeln!(out)?;
+        writeln!(
+            out,
             "What would have worked (the same requests{}):",
-            a.capacity.map_or(String::new(), |c| format!(", {} allowed", fs(c)))
-        );
+            capacity.map_or(String::new(), |c| format!(", {} allowed", fs(c)))
+        )?;
         for alt in &x.alternatives {
             let verdict = match (&alt.rejected, alt.first_oom) {
                 (Some(e), _) => format!("rejected by PyTorch: {e}"),
@@ -187,23 +205,23 @@ pub fn cmd_explain(a: &ExplainArgs) -> Result<i32, UserError> {
                 (None, Some(o)) if o == x.request => "runs out of memory at the same request".to_string(),
                 (None, Some(o)) => format!("runs out of memory earlier, at request {o}"),
             };
-            println!("  {:<48} {verdict}", alt.conf);
+            writeln!(out, "  {:<48} {verdict}", alt.conf)?;
         }
         let saved: Vec<&str> = x.alternatives.iter().filter(|a| a.rejected.is_none() && a.first_oom.is_none()).map(|a| a.conf.as_str()).collect();
         let past: Vec<&str> = x.alternatives.iter().filter(|a| a.avoids && a.first_oom.is_some()).map(|a| a.conf.as_str()).collect();
         if !saved.is_empty() {
-            println!("  → runs without any OOM under: {}", saved.join("; "));
+            writeln!(out, "  → runs without any OOM under: {}", saved.join("; "))?;
         } else if !past.is_empty() {
-            println!("  → none of these runs the whole trace without OOM; these get past this request: {}", past.join("; "));
+            writeln!(out, "  → none of these runs the whole trace without OOM; these get past this request: {}", past.join("; "))?;
         } else {
-            println!("  → none of these settings avoids this OOM; only more memory does:");
+            writeln!(out, "  → none of these settings avoids this OOM; only more memory does:")?;
         }
         if let Some(c) = x.smallest_capacity {
-            println!("  {:<48} the smallest allowed maximum that runs the whole trace under these settings", fs(c));
+            writeln!(out, "  {:<48} the smallest allowed maximum that runs the whole trace under these settings", fs(c))?;
         }
-        if a.capacity.is_none() {
-            println!("  note: garbage_collection_threshold has no effect without a memory fraction");
+        if capacity.is_none() {
+            writeln!(out, "  note: garbage_collection_threshold has no effect without a memory fraction")?;
         }
     }
-    Ok(0)
+    Ok(())
 }

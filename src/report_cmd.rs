@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use allocsim_report::html;
 
 use crate::cli::UserError;
+use crate::output::Io;
 use crate::size::parse_size;
 use crate::whatif_cmds::{TraceArgs, parse_config};
 
@@ -26,7 +27,7 @@ pub struct ReportArgs {
     pub svg: Option<PathBuf>,
 }
 
-pub fn cmd_report(a: &ReportArgs) -> Result<i32, UserError> {
+pub fn cmd_report(a: &ReportArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     // When the first config is the trace's own, --capacity is taken as the cap it was recorded under.
     let (_, p, first) = a.trace.prepare_for(a.config.first().map(String::as_str), a.capacity)?;
     let mut configs = Vec::new();
@@ -42,7 +43,7 @@ pub fn cmd_report(a: &ReportArgs) -> Result<i32, UserError> {
     let report = html::build(&p, &title, &configs, a.capacity, &p.recorded_placement());
     let page = html::render(&report);
     std::fs::write(&a.output, &page).map_err(|e| UserError(format!("{}: {e}", a.output.display())))?;
-    eprintln!("wrote {} ({} KiB)", a.output.display(), page.len() / 1024);
+    writeln!(io.err, "wrote {} ({} KiB)", a.output.display(), page.len() / 1024)?;
     if let Some(dir) = &a.svg {
         std::fs::create_dir_all(dir).map_err(|e| UserError(format!("{}: {e}", dir.display())))?;
         let mut files = vec![("timeline.svg".to_string(), html::timeline_svg(&report)), ("fragmentation.svg".to_string(), html::frag_svg(&report))];
@@ -53,7 +54,7 @@ pub fn cmd_report(a: &ReportArgs) -> Result<i32, UserError> {
             let path = dir.join(&name);
             std::fs::write(&path, svg).map_err(|e| UserError(format!("{}: {e}", path.display())))?;
         }
-        eprintln!("wrote the plots to {}", dir.display());
+        writeln!(io.err, "wrote the plots to {}", dir.display())?;
     }
     Ok(0)
 }
@@ -74,11 +75,11 @@ pub struct ExportArgs {
     pub output: PathBuf,
 }
 
-pub fn cmd_export(a: &ExportArgs) -> Result<i32, UserError> {
+pub fn cmd_export(a: &ExportArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (_, p, config) = a.trace.prepare_for(a.config.as_deref(), a.capacity)?;
     let sim = allocsim_report::export::simulated_snapshot(&p, &config, a.capacity, &p.recorded_placement());
     allocsim_trace::write_trace(&sim, &a.output).map_err(|e| UserError(format!("{}: {e}", a.output.display())))?;
     let n: usize = sim.device_traces.iter().map(|t| t.len()).sum();
-    eprintln!("wrote {} ({n} trace entries, {} segments) — open it in https://pytorch.org/memory_viz", a.output.display(), sim.segments.len());
+    writeln!(io.err, "wrote {} ({n} trace entries, {} segments) — open it in https://pytorch.org/memory_viz", a.output.display(), sim.segments.len())?;
     Ok(0)
 }

@@ -7,6 +7,7 @@ use allocsim_model::format::format_size;
 use allocsim_synth::{Spec, Workload};
 
 use crate::cli::UserError;
+use crate::output::Io;
 use crate::size::parse_size;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -76,7 +77,7 @@ fn parse_count(s: &str) -> Result<u64, String> {
     Ok((v * mult).round() as u64)
 }
 
-pub fn cmd_synth(a: &SynthArgs) -> Result<i32, UserError> {
+pub fn cmd_synth(a: &SynthArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let workload = match a.workload {
         WorkloadArg::Training => Workload::Training,
         WorkloadArg::Varlen => Workload::Varlen,
@@ -97,7 +98,8 @@ pub fn cmd_synth(a: &SynthArgs) -> Result<i32, UserError> {
     let t0 = Instant::now();
     let st = allocsim_synth::write_file(&spec, &a.output)?;
     let bytes = std::fs::metadata(&a.output).map(|m| m.len()).unwrap_or(0);
-    eprintln!(
+    writeln!(
+        io.err,
         "wrote {} ({}): {} requests, {} trace entries of the {} workload (seed {}, {} stream{}) in {:.1} s; peak live {} in {} blocks; {} late-completing frees",
         a.output.display(),
         format_size(bytes),
@@ -111,8 +113,8 @@ pub fn cmd_synth(a: &SynthArgs) -> Result<i32, UserError> {
         format_size(st.peak_live_bytes),
         st.peak_live_blocks,
         st.deferred_frees,
-    );
-    eprintln!("  synthetic: no segment events, so `allocsim validate` has nothing to check; replay, sweep, fit, explain and report apply");
+    )?;
+    writeln!(io.err, "  synthetic: no segment events, so `allocsim validate` has nothing to check; replay, sweep, fit, explain and report apply")?;
     Ok(0)
 }
 

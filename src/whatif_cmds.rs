@@ -1,5 +1,6 @@
 //! `allocsim sweep`, `fit` and `compare`.
 
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use allocsim_model::AllocatorConfig;
@@ -14,7 +15,8 @@ use allocsim_whatif::sweep::{Row, replay_count, sweep};
 use comfy_table::{Table, presets};
 use serde_json::json;
 
-use crate::cli::{UserError, load};
+use crate::cli::{UserError, load, write_json};
+use crate::output::Io;
 use crate::size::parse_size;
 
 /// Where the trace came from and how it was recorded.
@@ -132,7 +134,7 @@ fn range(r: Option<(u64, u64)>) -> String {
     }
 }
 
-pub fn cmd_sweep(a: &SweepArgs) -> Result<i32, UserError> {
+pub fn cmd_sweep(a: &SweepArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (_, p) = a.trace.prepare()?;
     let grid = a.grid.as_deref().unwrap_or(DEFAULT_GRID);
     let points: Vec<GridPoint> = parse_grid(grid, &a.base).map_err(UserError)?;
@@ -151,50 +153,64 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<i32, UserError> {
             "rows": rows,
             "could_swap_with_next": allocsim_whatif::sweep::placement_sensitive_pairs(&rows),
         });
-        println!("{}", serde_json::to_string(&out).expect("JSON"));
+        write_json(io.out, &out)?;
         return Ok(0);
     }
     if a.csv {
-        println!("rank,config,rejected,placements,placements_with_oom,first_oom_min,first_oom_max,peak_reserved_min,peak_reserved_max,peak_allocated,retries,syncs,device_alloc,device_free,device_call_ms");
-        for (i, r) in rows.iter().enumerate() {
-            let w = r.worst();
-            let (lo, hi) = r.first_oom_range();
-            let (pl, ph) = r.peak_reserved_range().unwrap_or((0, 0));
-            println!(
-                "{},\"{}\",\"{}\",{},{},{},{},{},{},{},{},{},{},{},{:.3}",
-                i + 1,
-                r.conf,
-                r.rejected.clone().unwrap_or_default().replace('"', "'"),
-                r.outcomes.len(),
-                r.placements_with_oom(),
-                lo.map_or(String::new(), |x| x.to_string()),
-                hi.map_or(String::new(), |x| x.to_string()),
-                pl,
-                ph,
-                w.map_or(0, |w| w.peak_allocated),
-                w.map_or(0, |w| w.num_alloc_retries),
-                w.map_or(0, |w| w.num_sync_all_streams),
-                w.map_or(0, |w| w.num_device_alloc),
-                w.map_or(0, |w| w.num_device_free),
-                w.map_or(0.0, |w| w.device_call_us / 1000.0)
-            );
-        }
+        write_sweep_csv(io.out, &rows)?;
         return Ok(0);
     }
+    write_sweep_text(io.out, a, &p, &points, &rows, secs)?;
+    Ok(0)
+}
+
+/// `sweep --csv`: one row per config, best first.
+pub fn write_sweep_csv(out: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
+    writeln!(out, "rank,config,rejected,placements,placements_with_oom,first_oom_min,first_oom_max,peak_reserved_min,peak_reserved_max,peak_allocated,retries,syncs,device_alloc,device_free,device_call_ms")?;
+    for (i, r) in rows.iter().enumerate() {
+        let w = r.worst();
+        let (lo, hi) = r.first_oom_range();
+        let (pl, ph) = r.peak_reserved_range().unwrap_or((0, 0));
+        writeln!(
+            out,
+            "{},\"{}\",\"{}\",{},{},{},{},{},{},{},{},{},{},{},{:.3}",
+            i + 1,
+            r.conf,
+            r.rejected.clone().unwrap_or_default().replace('"', "'"),
+            r.outcomes.len(),
+            r.placements_with_oom(),
+            lo.map_or(String::new(), |x| x.to_string()),
+            hi.map_or(String::new(), |x| x.to_string()),
+            pl,
+            ph,
+            w.map_or(0, |w| w.peak_allocated),
+            w.map_or(0, |w| w.num_alloc_retries),
+            w.map_or(0, |w| w.num_sync_all_streams),
+            w.map_or(0, |w| w.num_device_alloc),
+            w.map_or(0, |w| w.num_device_free),
+            w.map_or(0.0, |w| w.device_call_us / 1000.0)
+        )?;
+    }
+    Ok(())
+}
+
+/// `sweep` as text: the table of the `a.top` best configs, the rejected ones, the recommendation.
+fn write_sweep_text(out: &mut dyn Write, a: &SweepArgs, p: &Prepared, points: &[GridPoint], rows: &[Row], secs: f64) -> io::Result<()> {
     let valid = rows.iter().filter(|r| r.rejected.is_none()).count();
     let shared = rows.iter().flat_map(|r| &r.outcomes).filter(|o| o.same_as.is_some()).count();
-    println!(
+    writeln!(
+        out,
         "{}: {} requests, {} configs ({} placements each, expandable segments once), {} outcomes under {} ({} replayed; {} shared with a config that cannot behave differently on this trace); {:.1} s",
         a.trace.trace.display(),
         p.program.requests.len(),
         valid,
         a.placements,
-        replay_count(&points, a.placements),
+        replay_count(points, a.placements),
         a.capacity.map_or("no cap".to_string(), |c| format!("a {} cap", format_size(c))),
-        replay_count(&points, a.placements) - shared,
+        replay_count(points, a.placements) - shared,
         shared,
         secs
-    );
+    )?;
     let mut t = Table::new();
     t.load_style(presets::UTF8_FULL_CONDENSED);
     t.set_header(["#", "config", "OOM", "peak reserved", "reserved − allocated", "retries", "syncs", "cudaMalloc/free (map/unmap)", "device time"]);
@@ -203,7 +219,7 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<i32, UserError> {
         t.add_row([
             (i + 1).to_string(),
             if r.conf.is_empty() { "(defaults)".into() } else { r.conf.replace(',', ", ") },
-            oom_cell(&p, r),
+            oom_cell(p, r),
             range(r.peak_reserved_range()),
             format_size(w.peak_reserved.saturating_sub(w.peak_allocated)),
             w.num_alloc_retries.to_string(),
@@ -212,19 +228,19 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<i32, UserError> {
             format!("{:.1} ms", w.device_call_us / 1000.0),
         ]);
     }
-    println!("{t}");
+    writeln!(out, "{t}")?;
     for r in rows.iter().filter(|r| r.rejected.is_some()) {
-        println!("rejected by PyTorch: {} — {}", r.conf, r.rejected.as_ref().unwrap());
+        writeln!(out, "rejected by PyTorch: {} — {}", r.conf, r.rejected.as_ref().unwrap())?;
     }
     if a.capacity.is_none() && points.iter().any(|p| p.config.as_ref().is_ok_and(|c| c.gc_enabled())) {
-        println!("note: garbage_collection_threshold has no effect without a memory fraction (give --capacity)");
+        writeln!(out, "note: garbage_collection_threshold has no effect without a memory fraction (give --capacity)")?;
     }
     // Rankings that placement can flip: adjacent configs whose outcome ranges overlap.
     let shown: Vec<&Row> = rows.iter().filter(|r| r.rejected.is_none()).take(a.top).collect();
-    let flips = allocsim_whatif::sweep::placement_sensitive_pairs(&rows);
+    let flips = allocsim_whatif::sweep::placement_sensitive_pairs(rows);
     let flips: Vec<String> = flips.iter().filter(|&&i| i + 1 < a.top).map(|i| format!("#{} and #{}", i + 1, i + 2)).collect();
     if !flips.is_empty() {
-        println!("placement: these neighbours could swap places depending on where the driver puts segments (their ranges overlap): {}", flips.join(", "));
+        writeln!(out, "placement: these neighbours could swap places depending on where the driver puts segments (their ranges overlap): {}", flips.join(", "))?;
     }
     if let Some(best) = shown.first() {
         let own = rows.iter().find(|r| r.rejected.is_none() && p.is_own(&AllocatorConfig::parse(&r.conf).unwrap(), p.trace_capacity));
@@ -247,9 +263,9 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<i32, UserError> {
             ),
             None => format!("recommendation: {} (peak reserved {})", name(best), range(best.peak_reserved_range())),
         };
-        println!("{line}");
+        writeln!(out, "{line}")?;
     }
-    Ok(0)
+    Ok(())
 }
 
 #[derive(clap::Args)]
@@ -276,7 +292,7 @@ pub struct FitArgs {
     pub json: bool,
 }
 
-pub fn cmd_fit(a: &FitArgs) -> Result<i32, UserError> {
+pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (_, p) = a.trace.prepare()?;
     let points: Vec<GridPoint> = match (&a.grid, &a.config) {
         (Some(g), _) => parse_grid(g, "").map_err(UserError)?,
@@ -333,40 +349,49 @@ pub fn cmd_fit(a: &FitArgs) -> Result<i32, UserError> {
         } else {
             json!({"outside_memory": outside, "configs": results})
         };
-        println!("{}", serde_json::to_string(&body).expect("JSON"));
+        write_json(io.out, &body)?;
         return Ok(0);
     }
-    println!("{}: {} requests", a.trace.trace.display(), p.program.requests.len());
-    for r in &results {
+    write_fit_text(io.out, a, p.program.requests.len(), &results, outside, outside_source)?;
+    Ok(0)
+}
+
+/// `fit` as text: per config the fitting capacity, how it was checked, and the cards.
+fn write_fit_text(out: &mut dyn Write, a: &FitArgs, requests: usize, results: &[serde_json::Value], outside: u64, outside_source: &str) -> io::Result<()> {
+    writeln!(out, "{}: {} requests", a.trace.trace.display(), requests)?;
+    for r in results {
         let conf = r["config"].as_str().unwrap_or("");
         let conf = if conf.is_empty() { "defaults" } else { conf };
         if let Some(e) = r["rejected"].as_str() {
-            println!("  {conf}: rejected by PyTorch: {e}");
+            writeln!(out, "  {conf}: rejected by PyTorch: {e}")?;
             continue;
         }
         match r["capacity"].as_u64() {
-            None => println!("  {conf}: does not fit even in the whole device ({})", format_size(a.trace.device_memory)),
+            None => writeln!(out, "  {conf}: does not fit even in the whole device ({})", format_size(a.trace.device_memory))?,
             Some(c) => {
                 let rng = &r["capacity_range"];
                 let spread = match (rng[0].as_u64(), rng[1].as_u64()) {
                     (Some(lo), Some(hi)) if lo != hi => format!(" ({}–{} across placements)", format_size(lo), format_size(hi)),
                     _ => String::new(),
                 };
-                println!(
+                writeln!(
+                    out,
                     "  {conf}: fits in an allowed maximum of {} ({c} bytes){spread}; peak allocated {}, uncapped peak reserved {}",
                     format_size(c),
                     format_size(r["peak_allocated"].as_u64().unwrap()),
                     format_size(r["uncapped_peak_reserved"].as_u64().unwrap())
-                );
-                println!(
+                )?;
+                writeln!(
+                    out,
                     "    checked: {} − 2 MiB runs out of memory, and so does every capacity down to {} ({}{})",
                     format_size(c),
                     format_size(c.saturating_sub(r["checked_below"].as_u64().unwrap() * (2 << 20))),
                     if r["non_monotone"].as_bool() == Some(true) { "fitting is NOT monotone here: a smaller capacity fits below a larger one that does not" } else { "monotone near the edge" },
                     if r["placement_independent"].as_bool() == Some(true) { "; expandable segments: placement does not matter" } else { "" }
-                );
+                )?;
                 for c in r["cards"].as_array().unwrap() {
-                    println!(
+                    writeln!(
+                        out,
                         "    {} card: {} usable after {} outside the allocator → {}",
                         format_size(c["card"].as_u64().unwrap()),
                         format_size(c["usable"].as_u64().unwrap()),
@@ -378,15 +403,15 @@ pub fn cmd_fit(a: &FitArgs) -> Result<i32, UserError> {
                         } else {
                             "does not fit"
                         }
-                    );
+                    )?;
                 }
             }
         }
     }
     if !a.cards.is_empty() {
-        println!("  memory outside the allocator: {} ({outside_source})", format_size(outside));
+        writeln!(out, "  memory outside the allocator: {} ({outside_source})", format_size(outside))?;
     }
-    Ok(0)
+    Ok(())
 }
 
 #[derive(clap::Args)]
@@ -472,7 +497,7 @@ fn replayed_side(label: String, p: &Prepared, o: &ReplayOutcome) -> Side {
     }
 }
 
-pub fn cmd_compare(a: &CompareArgs) -> Result<i32, UserError> {
+pub fn cmd_compare(a: &CompareArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let snap_a = load(&a.a)?;
     let (sa, sb) = match &a.b {
         Some(b) => {
@@ -495,27 +520,34 @@ pub fn cmd_compare(a: &CompareArgs) -> Result<i32, UserError> {
     };
     let c = compare(&sa, &sb);
     if a.json {
-        println!("{}", serde_json::to_string(&c).expect("JSON"));
-        return Ok(0);
+        write_json(io.out, &c)?;
+    } else {
+        write_comparison(io.out, &c, a.top)?;
     }
-    println!("A: {}\nB: {}", c.a, c.b);
+    Ok(0)
+}
+
+/// `compare` as text: peaks, first OOMs, where reserved memory diverges, the call sites that made
+/// new segments on either side (`top` of them).
+pub fn write_comparison(out: &mut dyn Write, c: &allocsim_whatif::compare::Comparison, top: usize) -> io::Result<()> {
+    writeln!(out, "A: {}\nB: {}", c.a, c.b)?;
     if c.requests.0 != c.requests.1 {
-        println!("note: A has {} requests and B {}; compared over the first {}", c.requests.0, c.requests.1, c.requests.0.min(c.requests.1));
+        writeln!(out, "note: A has {} requests and B {}; compared over the first {}", c.requests.0, c.requests.1, c.requests.0.min(c.requests.1))?;
     }
     let oom = |x: Option<u32>| x.map_or("none".to_string(), |r| format!("at request {r}"));
-    println!("  peak reserved   A {:>12}   B {:>12}", format_size(c.peak_reserved.0), format_size(c.peak_reserved.1));
-    println!("  peak allocated  A {:>12}   B {:>12}", format_size(c.peak_allocated.0), format_size(c.peak_allocated.1));
-    println!("  first OOM       A {:>12}   B {:>12}", oom(c.first_oom.0), oom(c.first_oom.1));
+    writeln!(out, "  peak reserved   A {:>12}   B {:>12}", format_size(c.peak_reserved.0), format_size(c.peak_reserved.1))?;
+    writeln!(out, "  peak allocated  A {:>12}   B {:>12}", format_size(c.peak_allocated.0), format_size(c.peak_allocated.1))?;
+    writeln!(out, "  first OOM       A {:>12}   B {:>12}", oom(c.first_oom.0), oom(c.first_oom.1))?;
     match c.first_divergence {
-        None => println!("  reserved memory is the same after every request"),
+        None => writeln!(out, "  reserved memory is the same after every request")?,
         Some((r, x, y)) => {
-            println!("  reserved memory first differs after request {r}: A {} vs B {}", format_size(x), format_size(y));
+            writeln!(out, "  reserved memory first differs after request {r}: A {} vs B {}", format_size(x), format_size(y))?;
             if let Some((r, x, y)) = c.largest_gap {
-                println!("  largest difference after request {r}: A {} vs B {}", format_size(x), format_size(y));
+                writeln!(out, "  largest difference after request {r}: A {} vs B {}", format_size(x), format_size(y))?;
             }
         }
     }
-    let diffs: Vec<_> = c.sites.iter().filter(|s| s.a_bytes != s.b_bytes).take(a.top).collect();
+    let diffs: Vec<_> = c.sites.iter().filter(|s| s.a_bytes != s.b_bytes).take(top).collect();
     if !diffs.is_empty() {
         let mut t = Table::new();
         t.load_style(presets::UTF8_FULL_CONDENSED);
@@ -528,7 +560,7 @@ pub fn cmd_compare(a: &CompareArgs) -> Result<i32, UserError> {
                 format!("{}{}", if s.b_bytes >= s.a_bytes { "+" } else { "−" }, format_size(s.b_bytes.abs_diff(s.a_bytes))),
             ]);
         }
-        println!("{t}");
+        writeln!(out, "{t}")?;
     }
-    Ok(0)
+    Ok(())
 }
