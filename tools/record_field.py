@@ -223,7 +223,9 @@ def w_neighbour(ctx):
     model = lm(torch)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ctx.step = 0
-    for leave, batches in [(6144, [8, 16]), (2560, [16, 8]), (9216, [32, 16]), (1536, [16, 8, 4]), (4096, [8, 24])]:
+    # (free MiB the neighbour leaves, batches): the job keeps what it has cached, so a phase with little left
+    # free runs out of memory only when the job needs more than its cache plus that.
+    for leave, batches in [(6144, [8, 16]), (512, [16, 32, 8]), (3072, [32, 24]), (256, [16, 24, 8]), (8192, [32, 16])]:
         ctx.leave(leave)
         for b in batches:
             try:
