@@ -44,3 +44,27 @@ fn what_if_export_matches_the_real_run_and_round_trips() {
     let v = validate(&r);
     assert!(v.exact, "{v:?}");
 }
+
+/// An exported snapshot keeps the run's `external_annotations` (the optimizer's steps) and each
+/// request's `compile_context` / `user_metadata` through the pickle written.
+#[test]
+fn export_keeps_annotations_and_entry_metadata() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut base = read_trace(&root.join("traces/cudagraph__default__0M.pickle.gz")).unwrap();
+    assert_eq!(base.annotations.len(), 16);
+    // Give the recorded allocations metadata, as `_set_memory_metadata` would.
+    base.entry_metas = vec![allocsim_trace::EntryMeta { compile_context: "N/A".into(), user_metadata: "warmup".into() }];
+    let mut tagged = 0;
+    for e in base.device_traces[0].iter_mut().filter(|e| e.action == allocsim_trace::Action::Alloc).take(10) {
+        e.meta = 1;
+        tagged += 1;
+    }
+    let p = Prepared::new(&base, None, H200, None).unwrap();
+    let sim = simulated_snapshot(&p, &p.own, None, &p.recorded_placement());
+    let back = from_pickle(&to_pickle(&sim)).unwrap();
+    assert_eq!(back.annotations, base.annotations);
+    let allocs = back.device_traces[0].iter().filter(|e| e.action == allocsim_trace::Action::Alloc);
+    let metas: Vec<&str> = allocs.map(|e| back.user_metadata(e.meta)).collect();
+    assert_eq!(metas.iter().take(tagged).collect::<Vec<_>>(), vec![&"warmup"; tagged]);
+    assert!(metas[tagged..].iter().all(|m| m.is_empty()));
+}

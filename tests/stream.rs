@@ -326,7 +326,7 @@ fn falls_back_where_one_pass_cannot_answer() {
 }
 
 fn entry(action: Action, addr: u64, size: u64, time_us: i64) -> TraceEntry {
-    TraceEntry { action, addr, size, stream: 0, time_us, stack: 0 }
+    TraceEntry { action, addr, size, stream: 0, time_us, stack: 0, meta: 0 }
 }
 
 /// A completion that comes measurably later than its request, right before a malloc's device

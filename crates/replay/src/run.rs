@@ -7,7 +7,7 @@
 use allocsim_model::constants::H200_TOTAL_MEMORY;
 use allocsim_model::AllocatorConfig;
 use allocsim_model::Placement;
-use allocsim_trace::{Frame, RecordedSettings, Snapshot, SnapshotSegment, TraceEntry};
+use allocsim_trace::{Annotation, EntryMeta, Frame, RecordedSettings, Snapshot, SnapshotSegment, TraceEntry};
 
 use crate::program::{Program, Request};
 use crate::restore::InitialState;
@@ -243,6 +243,11 @@ pub struct Prepared {
     pub own_outcome: ReplayOutcome,
     /// The snapshot's interned stacks (for call sites).
     pub stacks: Vec<Vec<Frame>>,
+    /// The snapshot's per-entry metadata (`TraceEntry::meta` indexes it; see
+    /// [`allocsim_trace::MetaId`]).
+    pub entry_metas: Vec<EntryMeta>,
+    /// The snapshot's `external_annotations` recorded on this device, in order.
+    pub annotations: Vec<Annotation>,
 }
 
 impl Prepared {
@@ -287,6 +292,8 @@ impl Prepared {
             device_memory,
             own_outcome,
             stacks: snap.stacks.clone(),
+            entry_metas: snap.entry_metas.clone(),
+            annotations: snap.annotations.iter().filter(|a| a.device == device as i64).cloned().collect(),
         })
     }
 

@@ -2,7 +2,11 @@
 //! the tools people already use (`torch.cuda._memory_viz`, memory_viz). The trace holds the
 //! simulated `alloc`/`free_requested`/`free_completed`/`segment_*`/`oom` entries in the order the
 //! model made them, with the model's addresses and the original stacks and times; `segments` holds
-//! the model's final segments and blocks.
+//! the model's final segments and blocks. An `alloc`/`oom` entry keeps its recorded
+//! `compile_context` and `user_metadata`; the other entries take the time and metadata of the
+//! latest request (the trace does not tie a free to its own entry). The device's
+//! `external_annotations` are kept as recorded (their times are the original run's, which the
+//! entries keep too).
 
 use std::collections::HashMap;
 
@@ -49,26 +53,30 @@ pub fn simulated_snapshot(prepared: &Prepared, config: &AllocatorConfig, capacit
     let mut time = prepared.trace.first().map_or(0, |e| e.time_us);
     let mut deferred: HashMap<u32, bool> = HashMap::new();
     let mut ev = 0usize;
-    let entry = |action, addr, size, stream, time_us, stack| TraceEntry { action, addr, size, stream, time_us, stack };
+    let mut meta = 0;
+    let entry = |action, addr, size, stream, time_us, stack, meta| TraceEntry { action, addr, size, stream, time_us, stack, meta };
     for (oi, op) in prepared.program.ops.iter().enumerate() {
         let stream_of = |r: u32| reqs[r as usize].stream;
-        if let Op::Malloc(r) = *op {
-            time = time.max(prepared.trace.get(reqs[r as usize].trace_index as usize).map_or(time, |e| e.time_us));
+        if let Op::Malloc(r) = *op
+            && let Some(e) = prepared.trace.get(reqs[r as usize].trace_index as usize)
+        {
+            time = time.max(e.time_us);
+            meta = e.meta;
         }
         let end = events_after.get(oi).copied().unwrap_or(ev);
         for e in &outcome.segment_events[ev..end] {
             let action = Action::parse(e.action).expect("segment action");
-            trace.push(entry(action, e.addr, e.size, e.stream, time, 0));
+            trace.push(entry(action, e.addr, e.size, e.stream, time, 0, meta));
         }
         ev = end;
         match *op {
             Op::Malloc(r) => {
                 let q = &reqs[r as usize];
                 match (outcome.addresses[r as usize], oom_at.get(&r)) {
-                    (Some(a), _) => trace.push(entry(Action::Alloc, a, q.size, q.stream, time, q.stack)),
+                    (Some(a), _) => trace.push(entry(Action::Alloc, a, q.size, q.stream, time, q.stack, meta)),
                     (None, Some(o)) => {
                         let free = device_free_estimate(&prepared.trace, q, &o.info, own, prepared.device_memory);
-                        trace.push(entry(Action::Oom, free, o.info.rounded_size, q.stream, time, q.stack));
+                        trace.push(entry(Action::Oom, free, o.info.rounded_size, q.stream, time, q.stack, meta));
                     }
                     (None, None) => {}
                 }
@@ -76,18 +84,18 @@ pub fn simulated_snapshot(prepared: &Prepared, config: &AllocatorConfig, capacit
             Op::Free { req, deferred: d } => {
                 if let Some(a) = outcome.addresses[req as usize] {
                     let q = &reqs[req as usize];
-                    trace.push(entry(Action::FreeRequested, a, q.size, stream_of(req), time, q.stack));
+                    trace.push(entry(Action::FreeRequested, a, q.size, stream_of(req), time, q.stack, meta));
                     if d {
                         deferred.insert(req, true);
                     } else {
-                        trace.push(entry(Action::FreeCompleted, a, q.size, stream_of(req), time, q.stack));
+                        trace.push(entry(Action::FreeCompleted, a, q.size, stream_of(req), time, q.stack, meta));
                     }
                 }
             }
             Op::Complete(req)
                 if deferred.remove(&req).is_some() => {
                     let q = &reqs[req as usize];
-                    trace.push(entry(Action::FreeCompleted, outcome.addresses[req as usize].unwrap(), q.size, q.stream, time, q.stack));
+                    trace.push(entry(Action::FreeCompleted, outcome.addresses[req as usize].unwrap(), q.size, q.stream, time, q.stack, meta));
                 }
             // Release runs made only the segment events written above; frees of blocks from before
             // a truncated trace are not written (their allocation is not in the trace either).
@@ -138,5 +146,12 @@ pub fn simulated_snapshot(prepared: &Prepared, config: &AllocatorConfig, capacit
         .collect();
     let mut device_traces = vec![Vec::new(); prepared.device + 1];
     device_traces[prepared.device] = trace;
-    Snapshot { segments, device_traces, settings: settings(config), stacks: prepared.stacks.clone() }
+    Snapshot {
+        segments,
+        device_traces,
+        settings: settings(config),
+        stacks: prepared.stacks.clone(),
+        annotations: prepared.annotations.clone(),
+        entry_metas: prepared.entry_metas.clone(),
+    }
 }

@@ -267,7 +267,7 @@ impl Emit {
 
     fn push(&mut self, action: Action, b: &Blk) {
         self.time_us += self.rng.random_range(1..=16i64);
-        self.buf.push_back(TraceEntry { action, addr: b.addr, size: b.size, stream: b.stream, time_us: self.time_us, stack: b.stack });
+        self.buf.push_back(TraceEntry { action, addr: b.addr, size: b.size, stream: b.stream, time_us: self.time_us, stack: b.stack, meta: 0 });
     }
 
     fn alloc(&mut self, size: u64, stream: u64, site: Site) -> Blk {
@@ -924,7 +924,7 @@ pub fn settings() -> RecordedSettings {
 pub fn snapshot(spec: &Spec) -> (Snapshot, Stats) {
     let mut s = Synth::new(spec);
     let entries: Vec<TraceEntry> = s.by_ref().collect();
-    let snap = Snapshot { segments: Vec::new(), device_traces: vec![entries], settings: settings(), stacks: s.stacks().to_vec() };
+    let snap = Snapshot { device_traces: vec![entries], settings: settings(), stacks: s.stacks().to_vec(), ..Default::default() };
     (snap, s.stats())
 }
 

@@ -39,6 +39,23 @@
 //!   `time_us` (signed 64-bit, default 0).
 //! * `frames` (optional, absent = no stack): the stack, innermost frame first, each
 //!   `{"name","filename","line"}` (all three required).
+//! * `compile_context` (string, default `"N/A"`) and `user_metadata` (string, default `""`):
+//!   torch's per-entry strings (2.8+ / 2.10+); written only when not the default.
+//!
+//! # Annotation lines (optional)
+//!
+//! A snapshot's `external_annotations` (torch 2.5+: the start and end of `record_function`
+//! scopes, such as the optimizer's `Optimizer.step#AdamW.step`), one line each, in the recorded
+//! order:
+//!
+//! ```json
+//! {"annotation":{"stage":"START","name":"Optimizer.step#AdamW.step","device":0,"time_us":1796208798586821}}
+//! ```
+//!
+//! * `device` and `time_us` (integers, default 0); every other key is a string field, kept in the
+//!   order written (torch records `stage`, `"START"` or `"END"`, and `name`).
+//! * [`write()`] puts them after the events and before the segments; a reader takes them
+//!   anywhere after the header.
 //!
 //! # Segment lines (optional)
 //!
@@ -61,9 +78,10 @@
 //! # Stacks
 //!
 //! Stacks are written inline. A reader interns them by content in first-use order (events in file
-//! order, then segment blocks); [`write()`] emits device 0's events first, then device 1's, …, so
-//! reading what [`write()`] wrote gives back an equal [`Snapshot`] whenever its stacks are numbered
-//! that way (as [`crate::snapshot::from_pickle`] and [`read()`] number them).
+//! order, then segment blocks), and likewise the events' `compile_context`/`user_metadata` pairs;
+//! [`write()`] emits device 0's events first, then device 1's, …, so reading what [`write()`]
+//! wrote gives back an equal [`Snapshot`] whenever its stacks and metadata are numbered that way
+//! (as [`crate::snapshot::from_pickle`] and [`read()`] number them).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -73,8 +91,9 @@ use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{
-    Action, BlockState, Frame, RecordedSettings, Snapshot, SnapshotBlock, SnapshotSegment, StackId,
-    TraceEntry, TraceError,
+    Action, Annotation, BlockState, EntryMeta, Frame, MetaInterner, NO_COMPILE_CONTEXT,
+    RecordedSettings, Snapshot, SnapshotBlock, SnapshotSegment, StackId, StrInterner, TraceEntry,
+    TraceError,
 };
 
 pub const FORMAT: &str = "allocsim-trace";
@@ -110,8 +129,50 @@ struct Line<'a> {
     time_us: Option<i64>,
     #[serde(default)]
     frames: Option<Vec<Frame>>,
+    #[serde(borrow, default)]
+    compile_context: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    user_metadata: Option<Cow<'a, str>>,
     #[serde(default)]
     segment: Option<Box<SegmentIn>>,
+    #[serde(default)]
+    annotation: Option<Box<AnnotationIn>>,
+}
+
+/// An annotation object read in key order: `device`, `time_us` and the string fields.
+struct AnnotationIn {
+    device: i64,
+    time_us: i64,
+    fields: Vec<(String, String)>,
+}
+
+impl<'de> Deserialize<'de> for AnnotationIn {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = AnnotationIn;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of string fields with integer \"device\" and \"time_us\"")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+                let mut out = AnnotationIn { device: 0, time_us: 0, fields: Vec::new() };
+                while let Some(k) = m.next_key::<Cow<'de, str>>()? {
+                    match &*k {
+                        "device" => out.device = m.next_value()?,
+                        "time_us" => out.time_us = m.next_value()?,
+                        _ => {
+                            let v = m.next_value::<Cow<'de, str>>().map_err(|e| {
+                                serde::de::Error::custom(format!("annotation field {k:?}: {e}"))
+                            })?;
+                            out.fields.push((k.into_owned(), v.into_owned()));
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+        de.deserialize_map(V)
+    }
 }
 
 #[derive(Deserialize)]
@@ -248,20 +309,33 @@ pub enum Parsed {
     Header(Header),
     Event { device: usize, entry: TraceEntry },
     Segment(SnapshotSegment),
+    Annotation(Annotation),
+}
+
+/// What a [`LineParser`] interned over a whole file.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Tables {
+    /// `stacks[0]` is the empty stack (just that one when stacks are not kept).
+    pub stacks: Vec<Vec<Frame>>,
+    /// See [`Snapshot::entry_metas`] (empty when not kept).
+    pub entry_metas: Vec<EntryMeta>,
 }
 
 /// Parses a JSON Lines trace line by line (the one parser behind [`read`],
 /// [`crate::jsonl_stream::Events`] and [`crate::jsonl_stream::scan`]): it checks the header comes
-/// first, that events name a declared device, and interns stacks when asked to (else every stack
-/// is 0, and frames are only checked).
+/// first, that events name a declared device, and interns stacks and per-entry metadata when
+/// asked to (else every `stack` and `meta` is 0, and frames are only checked).
 pub struct LineParser {
     saw_header: bool,
     devices: Option<usize>,
     stacks: Option<Interner>,
+    metas: Option<MetaInterner>,
+    strs: StrInterner,
 }
 
 impl LineParser {
-    /// `keep_stacks`: intern the frames of events and blocks (else they are checked and dropped).
+    /// `keep_stacks`: intern the frames of events and blocks and the events' `compile_context` and
+    /// `user_metadata` (else frames are checked and dropped, and metadata dropped).
     pub fn new(keep_stacks: bool) -> LineParser {
         let stacks = keep_stacks.then(|| Interner {
             stacks: vec![Vec::new()],
@@ -271,6 +345,8 @@ impl LineParser {
             saw_header: false,
             devices: None,
             stacks,
+            metas: keep_stacks.then(MetaInterner::default),
+            strs: StrInterner::default(),
         }
     }
 
@@ -336,6 +412,14 @@ impl LineParser {
         if l.format.is_some() {
             return Err(err("a second header line".into()));
         }
+        if let Some(a) = l.annotation {
+            let fields = a
+                .fields
+                .iter()
+                .map(|(k, v)| (self.strs.intern(k), self.strs.intern(v)))
+                .collect();
+            return Ok(Parsed::Annotation(Annotation { device: a.device, time_us: a.time_us, fields }));
+        }
         if let Some(s) = l.segment {
             let s = *s;
             let is_small = match s.segment_type.as_str() {
@@ -400,6 +484,13 @@ impl LineParser {
             None if dev >= 1 << 16 => return Err(err(format!("implausible device {dev}"))),
             _ => {}
         }
+        let meta = match &mut self.metas {
+            Some(m) => m.intern(
+                l.compile_context.as_deref().unwrap_or(NO_COMPILE_CONTEXT),
+                l.user_metadata.as_deref().unwrap_or(""),
+            ),
+            None => 0,
+        };
         Ok(Parsed::Event {
             device: dev,
             entry: TraceEntry {
@@ -409,20 +500,23 @@ impl LineParser {
                 stream: l.stream.unwrap_or(0),
                 time_us: l.time_us.unwrap_or(0),
                 stack: self.intern(l.frames),
+                meta,
             },
         })
     }
 
-    /// The end of the input: an error if there was no header; else the interned stacks
-    /// (`stacks[0]` is the empty stack; just that one when stacks are not kept).
-    pub fn finish(self) -> Result<Vec<Vec<Frame>>, TraceError> {
+    /// The end of the input: an error if there was no header; else what was interned.
+    pub fn finish(self) -> Result<Tables, TraceError> {
         if !self.saw_header {
             return Err(TraceError::Jsonl {
                 line: 1,
                 msg: "empty file (no header line)".into(),
             });
         }
-        Ok(self.stacks.map_or_else(|| vec![Vec::new()], |i| i.stacks))
+        Ok(Tables {
+            stacks: self.stacks.map_or_else(|| vec![Vec::new()], |i| i.stacks),
+            entry_metas: self.metas.map(MetaInterner::into_metas).unwrap_or_default(),
+        })
     }
 }
 
@@ -440,6 +534,7 @@ pub fn read(bytes: &[u8]) -> Result<Snapshot, TraceError> {
                 snap.settings = h.settings;
             }
             Parsed::Segment(s) => snap.segments.push(s),
+            Parsed::Annotation(a) => snap.annotations.push(a),
             Parsed::Event { device, entry } => {
                 if snap.device_traces.len() <= device {
                     snap.device_traces.resize_with(device + 1, Vec::new);
@@ -448,7 +543,9 @@ pub fn read(bytes: &[u8]) -> Result<Snapshot, TraceError> {
             }
         }
     }
-    snap.stacks = parser.finish()?;
+    let t = parser.finish()?;
+    snap.stacks = t.stacks;
+    snap.entry_metas = t.entry_metas;
     Ok(snap)
 }
 
@@ -501,6 +598,32 @@ struct EventOut<'a> {
     time_us: i64,
     #[serde(skip_serializing_if = "<[Frame]>::is_empty")]
     frames: &'a [Frame],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    compile_context: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user_metadata: Option<&'a str>,
+}
+
+/// An annotation's string fields in order, then `device` and `time_us`.
+struct AnnotationOut<'a>(&'a Annotation);
+
+impl Serialize for AnnotationOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let a = self.0;
+        let mut m = s.serialize_map(Some(a.fields.len() + 2))?;
+        for (k, v) in &a.fields {
+            m.serialize_entry(&**k, &**v)?;
+        }
+        m.serialize_entry("device", &a.device)?;
+        m.serialize_entry("time_us", &a.time_us)?;
+        m.end()
+    }
+}
+
+#[derive(Serialize)]
+struct AnnotationLine<'a> {
+    annotation: AnnotationOut<'a>,
 }
 
 #[derive(Serialize)]
@@ -538,7 +661,8 @@ fn line<T: Serialize>(out: &mut impl Write, v: &T) -> std::io::Result<()> {
     out.write_all(b"\n")
 }
 
-/// Writes `snap` as a JSON Lines trace (header, events device by device, then segments).
+/// Writes `snap` as a JSON Lines trace (header, events device by device, annotations, then
+/// segments).
 /// `out` should be buffered.
 pub fn write(snap: &Snapshot, out: &mut impl Write) -> std::io::Result<()> {
     let s = &snap.settings;
@@ -572,9 +696,15 @@ pub fn write(snap: &Snapshot, out: &mut impl Write) -> std::io::Result<()> {
                     stream: e.stream,
                     time_us: e.time_us,
                     frames: snap.stack(e.stack),
+                    compile_context: Some(snap.compile_context(e.meta))
+                        .filter(|&c| c != NO_COMPILE_CONTEXT),
+                    user_metadata: Some(snap.user_metadata(e.meta)).filter(|u| !u.is_empty()),
                 },
             )?;
         }
+    }
+    for a in &snap.annotations {
+        line(out, &AnnotationLine { annotation: AnnotationOut(a) })?;
     }
     for seg in &snap.segments {
         let blocks = seg

@@ -2,7 +2,7 @@
 //!
 //! * [`Events`]: an iterator over the events of any [`BufRead`] (plain or gunzipped), one line at
 //!   a time, parsed by the same [`LineParser`] as [`crate::jsonl::read`] (same errors, same line
-//!   numbers). Header and segment lines are parsed (and checked) and skipped.
+//!   numbers). Header, annotation and segment lines are parsed (and checked) and skipped.
 //! * [`scan`]: a cheap first pass for what a replay must know before the events: the header, the
 //!   final segments (which come after the events) and every device's segment events (the recorded
 //!   run's addresses). Only lines that can hold those are parsed: a line is parsed when it contains
@@ -90,7 +90,7 @@ impl<R: BufRead> Events<R> {
                 *header = Some(h);
                 None
             }
-            Ok(Parsed::Blank | Parsed::Segment(_)) => None,
+            Ok(Parsed::Blank | Parsed::Segment(_) | Parsed::Annotation(_)) => None,
             Err(e) => Some(Err(e)),
         }
     }
@@ -209,7 +209,7 @@ pub fn scan(mut r: impl Read, source: &Source) -> Result<Scanned, TraceError> {
                     out.segment_entries[device].push(entry);
                 }
             }
-            Ok(Parsed::Blank) => {}
+            Ok(Parsed::Blank | Parsed::Annotation(_)) => {}
             Err(_) => return false,
         }
         true

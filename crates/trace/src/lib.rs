@@ -83,6 +83,115 @@ pub struct Frame {
 /// Index into [`Snapshot::stacks`]; 0 is the empty stack (no frames recorded).
 pub type StackId = u32;
 
+/// A trace entry's `compile_context` and `user_metadata`: 0 is torch's defaults (`'N/A'` and
+/// `''`, also what a snapshot from before torch 2.8 / 2.10 without these keys means); `k > 0` is
+/// [`Snapshot::entry_metas`]`[k - 1]`. Interned by content, so an entry pays 4 bytes for them.
+pub type MetaId = u32;
+
+/// The per-entry strings of torch ≥ 2.8 that are not torch's defaults (see [`MetaId`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EntryMeta {
+    /// `compile_context` (2.8+, with `_record_memory_history(compile_context=True)`): the top of
+    /// the thread's stack of `Torch-Compiled Region…` record_function names, `'N/A'` when empty.
+    pub compile_context: String,
+    /// `user_metadata` (2.10+): the thread-local string `torch.cuda.memory._set_memory_metadata`
+    /// set, `''` when none.
+    pub user_metadata: String,
+}
+
+/// The `compile_context` torch records when no compiled region is active.
+pub const NO_COMPILE_CONTEXT: &str = "N/A";
+
+impl Default for EntryMeta {
+    fn default() -> Self {
+        EntryMeta { compile_context: NO_COMPILE_CONTEXT.to_owned(), user_metadata: String::new() }
+    }
+}
+
+/// Interns [`EntryMeta`] values as [`MetaId`]s (what the readers use to fill
+/// [`Snapshot::entry_metas`]).
+#[derive(Clone, Debug, Default)]
+pub struct MetaInterner {
+    ids: std::collections::HashMap<EntryMeta, MetaId>,
+    metas: Vec<EntryMeta>,
+}
+
+impl MetaInterner {
+    /// The id of `(compile_context, user_metadata)`: 0 for torch's defaults.
+    pub fn intern(&mut self, compile_context: &str, user_metadata: &str) -> MetaId {
+        if compile_context == NO_COMPILE_CONTEXT && user_metadata.is_empty() {
+            return 0;
+        }
+        let m = EntryMeta { compile_context: compile_context.to_owned(), user_metadata: user_metadata.to_owned() };
+        if let Some(&id) = self.ids.get(&m) {
+            return id;
+        }
+        self.metas.push(m.clone());
+        let id = self.metas.len() as MetaId;
+        self.ids.insert(m, id);
+        id
+    }
+
+    /// The interned values, for [`Snapshot::entry_metas`].
+    pub fn into_metas(self) -> Vec<EntryMeta> {
+        self.metas
+    }
+}
+
+/// One entry of the snapshot's top-level `external_annotations` (torch ≥ 2.5): what a
+/// `record_function` callback recorded while memory history was on. torch 2.11 records the
+/// start and the end of every `RecordScope::USER_SCOPE` function (Python's `record_function`,
+/// and the optimizer's own `Optimizer.step#AdamW.step`, `Optimizer.zero_grad#…`) on the thread
+/// that turned history on, or on every thread with `global_record_annotations=True`: a dict of
+/// `stage` (`'START'`/`'END'`) and `name`, then `device` (the current device) and `time_us` (the
+/// same clock as the trace entries' `time_us`). Kept in the recorded order (oldest first).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Annotation {
+    pub device: i64,
+    pub time_us: i64,
+    /// The string pairs of the entry in the recorded order (every key but `device` and
+    /// `time_us`). Repeated strings share one allocation.
+    pub fields: Vec<(std::sync::Arc<str>, std::sync::Arc<str>)>,
+}
+
+impl Annotation {
+    /// The value of string field `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.fields.iter().find(|(k, _)| &**k == key).map(|(_, v)| &**v)
+    }
+
+    /// The `record_function` name.
+    pub fn name(&self) -> Option<&str> {
+        self.get("name")
+    }
+
+    /// `Some(true)` for `stage: 'START'`, `Some(false)` for `'END'`, else `None`.
+    pub fn is_start(&self) -> Option<bool> {
+        match self.get("stage")? {
+            "START" => Some(true),
+            "END" => Some(false),
+            _ => None,
+        }
+    }
+}
+
+/// Interns the strings of [`Annotation`]s by content.
+#[derive(Clone, Debug, Default)]
+pub struct StrInterner {
+    strs: std::collections::HashSet<std::sync::Arc<str>>,
+}
+
+impl StrInterner {
+    pub fn intern(&mut self, s: &str) -> std::sync::Arc<str> {
+        if let Some(a) = self.strs.get(s) {
+            return a.clone();
+        }
+        let a: std::sync::Arc<str> = s.into();
+        self.strs.insert(a.clone());
+        a
+    }
+}
+
 /// One entry of `device_traces[d]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceEntry {
@@ -94,6 +203,8 @@ pub struct TraceEntry {
     pub stream: u64,
     pub time_us: i64,
     pub stack: StackId,
+    /// `compile_context` and `user_metadata` (0: torch's defaults).
+    pub meta: MetaId,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,11 +265,29 @@ pub struct Snapshot {
     pub settings: RecordedSettings,
     /// Interned stacks; `stacks[0]` is the empty stack.
     pub stacks: Vec<Vec<Frame>>,
+    /// `external_annotations`, every device's, in the recorded order.
+    pub annotations: Vec<Annotation>,
+    /// The distinct non-default per-entry metadata (see [`MetaId`]).
+    pub entry_metas: Vec<EntryMeta>,
 }
 
 impl Snapshot {
     pub fn stack(&self, id: StackId) -> &[Frame] {
         self.stacks.get(id as usize).map(|v| v.as_slice()).unwrap_or(&[])
+    }
+
+    /// An entry's `compile_context` (`'N/A'` for [`MetaId`] 0 or an id out of range).
+    pub fn compile_context(&self, id: MetaId) -> &str {
+        self.meta(id).map_or(NO_COMPILE_CONTEXT, |m| &m.compile_context)
+    }
+
+    /// An entry's `user_metadata` (`''` for [`MetaId`] 0 or an id out of range).
+    pub fn user_metadata(&self, id: MetaId) -> &str {
+        self.meta(id).map_or("", |m| &m.user_metadata)
+    }
+
+    fn meta(&self, id: MetaId) -> Option<&EntryMeta> {
+        self.entry_metas.get((id as usize).checked_sub(1)?)
     }
 }
 

@@ -8,6 +8,11 @@
 //! * `segments` → [`SnapshotSegment`] with its `blocks` (a block without `address` gets the
 //!   running sum from the segment address, like `_memory_viz.py`).
 //! * `allocator_settings` → [`RecordedSettings`].
+//! * per entry, `compile_context` and `user_metadata` (torch 2.8+ / 2.10+; both `str`) →
+//!   [`TraceEntry::meta`], interned; absent keys mean torch's defaults (`'N/A'`, `''`).
+//! * `external_annotations` (torch 2.5+) → [`Snapshot::annotations`]: each a dict with `device`
+//!   and `time_us` (ints; 0 when absent) and string pairs (`stage`, `name`), kept in order; a
+//!   pair whose key or value is not a `str` is an error naming the annotation.
 //! * `frames` lists are interned into [`Snapshot::stacks`]: first by the identity of the pickled
 //!   list (memo sharing), then by content. Stacks are numbered in first-use order: trace entries
 //!   (device by device, oldest first), then segment blocks. Segment-level `frames` are not kept.
@@ -19,8 +24,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::pickle::{self, Decoded, Value};
 use crate::{
-    Action, BlockState, Frame, RecordedSettings, Snapshot, SnapshotBlock, SnapshotSegment, StackId,
-    TraceEntry, TraceError,
+    Action, Annotation, BlockState, Frame, MetaId, MetaInterner, RecordedSettings, Snapshot,
+    SnapshotBlock, SnapshotSegment, StackId, StrInterner, TraceEntry, TraceError,
+    NO_COMPILE_CONTEXT,
 };
 
 /// Decodes a snapshot pickle (not gzip'd; see [`crate::read_trace_bytes`] for that).
@@ -38,12 +44,13 @@ pub fn from_decoded(d: &Decoded<'_>) -> Result<Snapshot, TraceError> {
             root.type_name()
         )));
     };
-    let (mut segments, mut traces, mut settings) = (None, None, None);
+    let (mut segments, mut traces, mut settings, mut annotations) = (None, None, None, None);
     for &(k, v) in top {
         match d.str_bytes(k) {
             Some(b"segments") => segments = Some(v),
             Some(b"device_traces") => traces = Some(v),
             Some(b"allocator_settings") => settings = Some(v),
+            Some(b"external_annotations") => annotations = Some(v),
             _ => {}
         }
     }
@@ -110,8 +117,49 @@ pub fn from_decoded(d: &Decoded<'_>) -> Result<Snapshot, TraceError> {
     if let Some(s) = settings {
         snap.settings = c.settings(s)?;
     }
+    if let Some(a) = annotations {
+        snap.annotations = annotations_of(d, a)?;
+    }
     snap.stacks = c.stacks;
+    snap.entry_metas = c.metas.into_metas();
     Ok(snap)
+}
+
+/// `external_annotations` → [`Annotation`]s (`None` is taken as an empty list).
+fn annotations_of(d: &Decoded<'_>, a: Value) -> Result<Vec<Annotation>, TraceError> {
+    if a == Value::None {
+        return Ok(Vec::new());
+    }
+    let items = d.items(a).ok_or_else(|| {
+        ns(format!("'external_annotations' is a {}, expected a list", a.type_name()))
+    })?;
+    let mut strs = StrInterner::default();
+    let mut out = Vec::with_capacity(items.len());
+    for (i, &e) in items.iter().enumerate() {
+        let at = || format!("external_annotations[{i}]");
+        let pairs = d
+            .dict(e)
+            .ok_or_else(|| ns(format!("{}: a {}, expected a dict", at(), e.type_name())))?;
+        let mut ann = Annotation { device: 0, time_us: 0, fields: Vec::with_capacity(pairs.len()) };
+        for &(k, v) in pairs {
+            let key = d.str(k).ok_or_else(|| {
+                ns(format!("{}: a key that is a {}, expected a str", at(), k.type_name()))
+            })?;
+            let int = |v| i64_of(d, v).map_err(|m| ns(format!("{}['{key}']: {m}", at())));
+            match key {
+                "device" => ann.device = int(v)?,
+                "time_us" => ann.time_us = int(v)?,
+                _ => {
+                    let val = d.str(v).ok_or_else(|| {
+                        ns(format!("{}['{key}']: expected a str, got {}", at(), describe(d, v)))
+                    })?;
+                    ann.fields.push((strs.intern(key), strs.intern(val)));
+                }
+            }
+        }
+        out.push(ann);
+    }
+    Ok(out)
 }
 
 fn ns(msg: impl Into<String>) -> TraceError {
@@ -238,6 +286,8 @@ enum K {
     Size,
     Stream,
     TimeUs,
+    CompileContext,
+    UserMetadata,
     Frames,
     Device,
     Address,
@@ -262,6 +312,8 @@ fn classify_key(b: &[u8]) -> K {
         b"size" => K::Size,
         b"stream" => K::Stream,
         b"time_us" => K::TimeUs,
+        b"compile_context" => K::CompileContext,
+        b"user_metadata" => K::UserMetadata,
         b"frames" => K::Frames,
         b"device" => K::Device,
         b"address" => K::Address,
@@ -295,6 +347,9 @@ struct Conv<'d, 'a> {
     by_content: FxMap<Vec<u32>, StackId>,
     buf: Vec<u32>,
     stacks: Vec<Vec<Frame>>,
+    metas: MetaInterner,
+    /// (compile_context, user_metadata) bytes → id, so a repeated pair allocates nothing.
+    meta_ids: FxMap<(&'d [u8], &'d [u8]), MetaId>,
 }
 
 impl<'d, 'a> Conv<'d, 'a> {
@@ -310,7 +365,40 @@ impl<'d, 'a> Conv<'d, 'a> {
             by_content: FxMap::default(),
             buf: Vec::new(),
             stacks: vec![Vec::new()],
+            metas: MetaInterner::default(),
+            meta_ids: FxMap::default(),
         }
+    }
+
+    /// The [`MetaId`] of an entry's `compile_context` and `user_metadata` values (absent: the
+    /// defaults).
+    fn meta(
+        &mut self,
+        cc: Option<Value>,
+        um: Option<Value>,
+        at: &dyn Fn() -> String,
+    ) -> Result<MetaId, TraceError> {
+        let d = self.d;
+        let text = |v: Option<Value>, name: &str, default: &'static [u8]| match v {
+            None => Ok(default),
+            Some(v) => d.str_bytes(v).ok_or_else(|| {
+                ns(format!("{}['{name}']: expected a str, got {}", at(), describe(d, v)))
+            }),
+        };
+        let cc = text(cc, "compile_context", NO_COMPILE_CONTEXT.as_bytes())?;
+        let um = text(um, "user_metadata", b"")?;
+        if cc == NO_COMPILE_CONTEXT.as_bytes() && um.is_empty() {
+            return Ok(0);
+        }
+        if let Some(&id) = self.meta_ids.get(&(cc, um)) {
+            return Ok(id);
+        }
+        fn utf8<'b>(b: &'b [u8], name: &str, at: &dyn Fn() -> String) -> Result<&'b str, TraceError> {
+            std::str::from_utf8(b).map_err(|_| ns(format!("{}['{name}']: not UTF-8", at())))
+        }
+        let id = self.metas.intern(utf8(cc, "compile_context", at)?, utf8(um, "user_metadata", at)?);
+        self.meta_ids.insert((cc, um), id);
+        Ok(id)
     }
 
     #[inline]
@@ -326,8 +414,11 @@ impl<'d, 'a> Conv<'d, 'a> {
             .ok_or_else(|| ns(format!("{}: a {}, expected a dict", at(), e.type_name())))?;
         let (mut action, mut addr, mut free, mut size, mut stream, mut time, mut frames) =
             (None, None, None, None, None, None, None);
+        let (mut cc, mut um) = (None, None);
         for &(k, v) in pairs {
             match self.key(k) {
+                K::CompileContext => cc = Some(v),
+                K::UserMetadata => um = Some(v),
                 K::Action => action = Some(v),
                 K::Addr => addr = Some(v),
                 K::DeviceFree => free = Some(v),
@@ -399,6 +490,7 @@ impl<'d, 'a> Conv<'d, 'a> {
             Some(f) => self.stack(f, &at)?,
             None => 0,
         };
+        let meta = self.meta(cc, um, &at)?;
         Ok(TraceEntry {
             action,
             addr,
@@ -406,6 +498,7 @@ impl<'d, 'a> Conv<'d, 'a> {
             stream,
             time_us,
             stack,
+            meta,
         })
     }
 
@@ -749,15 +842,15 @@ impl<'d, 'a> Conv<'d, 'a> {
 /// `allocator-spec.md` §10 for the layout. Keys and their order:
 ///
 /// * top level: `segments`, `device_traces`, `allocator_settings` (omitted when
-///   [`RecordedSettings::present`] is false), `external_annotations` (always `[]`: a
-///   [`Snapshot`] does not keep annotations).
+///   [`RecordedSettings::present`] is false), `external_annotations` ([`Snapshot::annotations`]:
+///   each a dict of its string pairs in order, then `device` and `time_us`, as torch writes it).
 /// * segment: `device`, `address`, `total_size`, `allocated_size`, `active_size`,
 ///   `requested_size`, `stream`, `segment_type` (`'large'`/`'small'`), `segment_pool_id` (a
 ///   tuple), `is_expandable`, `frames` (`[]`), `blocks`.
 /// * block: `address`, `size`, `requested_size`, `state`, `frames` (`[]` when no stack).
 /// * trace entry: `action`, `addr` (`device_free` for `oom`), `size`, `stream`, `time_us`,
-///   `compile_context` (`'N/A'`), `user_metadata` (`''`), and `frames` only when the entry has a
-///   stack.
+///   `compile_context` (`'N/A'` unless [`TraceEntry::meta`] says otherwise), `user_metadata`
+///   (`''` unless…), and `frames` only when the entry has a stack.
 /// * `allocator_settings`: `PYTORCH_CUDA_ALLOC_CONF`, `max_split_size`,
 ///   `garbage_collection_threshold`, `expandable_segments` (each only when recorded), then the
 ///   2.11 keys a [`Snapshot`] does not keep, with torch's defaults: `pinned_num_register_threads`
@@ -769,8 +862,10 @@ impl<'d, 'a> Conv<'d, 'a> {
 /// unsigned. As in torch's own snapshots, each stack is one list object shared by every entry and
 /// block that uses it, equal frames are one dict object, all empty `frames` are one list, keys
 /// and other repeated strings are memoized, while each frame dict has its own name and filename
-/// strings and each entry its own `'N/A'` (so a snapshot without segment-level stacks is written
-/// back byte for byte). The opcodes used are all among those MemoryViz.js's unpickler reads.
+/// strings, each entry its own `compile_context` and non-empty `user_metadata`, and each
+/// annotation its own keys and values, except where CPython shares one object for equal strings
+/// (the empty string and one-character Latin-1 strings) — so a snapshot without stacks is written
+/// back byte for byte. The opcodes used are all among those MemoryViz.js's unpickler reads.
 /// Segment-level stacks are not kept in a [`Snapshot`], so segment `frames` are always `[]`.
 ///
 /// `from_pickle(&to_pickle(s)) == s` for every `s` that [`from_pickle`] or
@@ -809,10 +904,43 @@ pub fn to_pickle(snap: &Snapshot) -> Vec<u8> {
         }
         _ => {
             p.str("external_annotations");
-            empty_list(p);
+            p.list(&snap.annotations, |p, a| annotation(p, a));
         }
     });
     p.finish()
+}
+
+/// A string torch makes a new Python object for each time (a `py::str` from a `std::string`):
+/// CPython still returns its shared object for the empty string and one-character Latin-1
+/// strings, which the pickler then memoizes.
+fn fresh_str(p: &mut crate::pickle_write::Pickler, s: &str) {
+    let mut chars = s.chars();
+    let shared = match (chars.next(), chars.next()) {
+        (None, _) => true,
+        (Some(c), None) => (c as u32) < 256,
+        _ => false,
+    };
+    if shared {
+        p.str(s);
+    } else {
+        p.str_new_object(s);
+    }
+}
+
+fn annotation(p: &mut crate::pickle_write::Pickler, a: &Annotation) {
+    let n = a.fields.len();
+    p.dict(0..n + 2, |p, i| {
+        if let Some((k, v)) = a.fields.get(i) {
+            fresh_str(p, k);
+            fresh_str(p, v);
+        } else if i == n {
+            p.str("device");
+            p.int(a.device);
+        } else {
+            p.str("time_us");
+            p.int(a.time_us);
+        }
+    });
 }
 
 struct Writer<'s> {
@@ -830,10 +958,6 @@ fn state_str(s: BlockState) -> &'static str {
         BlockState::ActivePendingFree => "active_pending_free",
         BlockState::Inactive => "inactive",
     }
-}
-
-fn empty_list(p: &mut crate::pickle_write::Pickler) {
-    p.list(std::iter::empty::<()>(), |_, _| {});
 }
 
 impl<'s> Writer<'s> {
@@ -946,12 +1070,12 @@ impl<'s> Writer<'s> {
             }
             5 => {
                 p.str("compile_context");
-                // torch makes a new 'N/A' string for every entry
-                p.str_new_object("N/A");
+                // torch makes a new string for every entry
+                fresh_str(p, self.snap.compile_context(e.meta));
             }
             6 => {
                 p.str("user_metadata");
-                p.str("");
+                fresh_str(p, self.snap.user_metadata(e.meta));
             }
             _ => {
                 p.str("frames");

@@ -64,6 +64,7 @@ fn round_trip_edge_cases() {
         stream: u64::MAX,
         time_us: i64::MIN,
         stack: 0,
+        meta: 0,
     };
     let s = Snapshot {
         device_traces: vec![
@@ -124,6 +125,53 @@ fn reads_the_documented_example() {
     assert_eq!(s.segments[0].blocks[0].requested_size, 6291456);
 }
 
+#[test]
+fn annotations_and_entry_metadata() {
+    let text = concat!(
+        r#"{"format":"allocsim-trace","version":1,"devices":1}"#,
+        "\n",
+        r#"{"annotation":{"stage":"START","name":"Optimizer.step#AdamW.step","device":0,"time_us":10}}"#,
+        "\n",
+        r#"{"action":"alloc","addr":1,"size":2,"time_us":11,"compile_context":"Torch-Compiled Region: 0/0"}"#,
+        "\n",
+        r#"{"action":"alloc","addr":3,"size":2,"time_us":12,"user_metadata":"step 1"}"#,
+        "\n",
+        r#"{"action":"alloc","addr":5,"size":2,"time_us":13,"compile_context":"N/A","user_metadata":""}"#,
+        "\n",
+        r#"{"action":"alloc","addr":7,"size":2,"time_us":14,"compile_context":"Torch-Compiled Region: 0/0"}"#,
+        "\n",
+        r#"{"annotation":{"time_us":15,"name":"Optimizer.step#AdamW.step","stage":"END"}}"#,
+        "\n",
+    );
+    let s = jsonl::read(text.as_bytes()).unwrap();
+    let t = &s.device_traces[0];
+    assert_eq!(t.iter().map(|e| e.meta).collect::<Vec<_>>(), [1, 2, 0, 1]);
+    assert_eq!(s.compile_context(t[0].meta), "Torch-Compiled Region: 0/0");
+    assert_eq!(s.user_metadata(t[0].meta), "");
+    assert_eq!((s.compile_context(t[1].meta), s.user_metadata(t[1].meta)), ("N/A", "step 1"));
+    assert_eq!((s.compile_context(t[2].meta), s.user_metadata(t[2].meta)), ("N/A", ""));
+    assert_eq!(s.annotations.len(), 2);
+    let (a, b) = (&s.annotations[0], &s.annotations[1]);
+    assert_eq!((a.device, a.time_us, a.name(), a.is_start()), (0, 10, Some("Optimizer.step#AdamW.step"), Some(true)));
+    assert_eq!((b.time_us, b.is_start()), (15, Some(false)));
+    // key order is kept; equal strings share one allocation
+    assert_eq!(&*b.fields[0].0, "name");
+    assert!(std::sync::Arc::ptr_eq(&a.fields[1].1, &b.fields[0].1));
+    // written back: defaults are left out, annotations come after the events
+    let (back, out) = round_trip(&s);
+    assert_eq!(back, s);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(!lines[3].contains("compile_context") && !lines[3].contains("user_metadata"), "{}", lines[3]);
+    assert_eq!(
+        lines[2],
+        r#"{"device":0,"action":"alloc","addr":3,"size":2,"stream":0,"time_us":12,"user_metadata":"step 1"}"#
+    );
+    assert_eq!(
+        lines[6],
+        r#"{"annotation":{"name":"Optimizer.step#AdamW.step","stage":"END","device":0,"time_us":15}}"#
+    );
+}
+
 fn jsonl_err(text: &str) -> (usize, String) {
     match jsonl::read(text.as_bytes()) {
         Err(TraceError::Jsonl { line, msg }) => (line, msg),
@@ -178,6 +226,21 @@ fn errors_carry_line_numbers() {
             "",
         ),
         (format!("{h}\n{{\"foo\":1}}"), 2, "neither an event"),
+        (
+            format!("{h}\n{{\"annotation\":{{\"name\":3}}}}"),
+            2,
+            "annotation field \"name\"",
+        ),
+        (
+            format!("{h}\n{{\"annotation\":{{\"time_us\":\"x\"}}}}"),
+            2,
+            "",
+        ),
+        (
+            format!("{h}\n{{\"action\":\"alloc\",\"addr\":1,\"size\":2,\"user_metadata\":7}}"),
+            2,
+            "",
+        ),
         (format!("{h}\n{h}"), 2, "second header"),
         (
             format!(

@@ -268,3 +268,85 @@ fn real_snapshot_frag() {
         (0..16).map(|i| (1u64 << i, 0)).collect::<Vec<_>>()
     );
 }
+
+/// `external_annotations` of a real torch 2.11 snapshot (cudagraph__default__0M: an SGD step
+/// captured in a CUDA graph; the optimizer's record_function scopes), as CPython's `pickle.load`
+/// shows them: 16 entries, START/END of `Optimizer.zero_grad#SGD.zero_grad` and
+/// `Optimizer.step#SGD.step` four times each, keys `stage, name, device, time_us`.
+#[test]
+fn real_snapshot_annotations() {
+    let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../traces/cudagraph__default__0M.pickle.gz");
+    let s = allocsim_trace::read_trace(&p).unwrap();
+    assert_eq!(s.annotations.len(), 16);
+    let a = &s.annotations[0];
+    assert_eq!(
+        (a.device, a.time_us, a.name(), a.is_start()),
+        (0, 1796208421395351, Some("Optimizer.zero_grad#SGD.zero_grad"), Some(true))
+    );
+    assert_eq!(
+        a.fields.iter().map(|(k, _)| &**k).collect::<Vec<_>>(),
+        ["stage", "name"]
+    );
+    let z = s.annotations.last().unwrap();
+    assert_eq!(
+        (z.time_us, z.name(), z.is_start()),
+        (1796208421640692, Some("Optimizer.step#SGD.step"), Some(false))
+    );
+    let steps = s
+        .annotations
+        .iter()
+        .filter(|a| a.name() == Some("Optimizer.step#SGD.step"))
+        .count();
+    assert_eq!(steps, 8);
+    // every entry has torch's defaults ('N/A', '')
+    assert!(s.entry_metas.is_empty());
+    assert!(s.device_traces[0].iter().all(|e| e.meta == 0));
+}
+
+/// Annotations and per-entry metadata that are not what torch writes are refused with the entry
+/// named.
+#[test]
+fn bad_annotations_and_metadata() {
+    use allocsim_trace::pickle_write::{PyValue as V, dumps};
+    let st = |x: &str| V::Str(x.into());
+    let entry = |extra: Vec<(V, V)>| {
+        let mut e = vec![
+            (st("action"), st("alloc")),
+            (st("addr"), V::Int(1)),
+            (st("size"), V::Int(2)),
+        ];
+        e.extend(extra);
+        V::Dict(e)
+    };
+    let snap = |trace: Vec<V>, ann: V| {
+        V::Dict(vec![
+            (st("segments"), V::List(vec![])),
+            (st("device_traces"), V::List(vec![V::List(trace)])),
+            (st("external_annotations"), ann),
+        ])
+    };
+    let err = |v: &V| match from_pickle(&dumps(v)) {
+        Err(TraceError::NotSnapshot(m)) => m,
+        other => panic!("expected NotSnapshot, got {other:?}"),
+    };
+    let m = err(&snap(vec![], V::List(vec![V::Dict(vec![(st("name"), V::Int(3))])])));
+    assert!(m.contains("external_annotations[0]['name']") && m.contains("expected a str"), "{m}");
+    let m = err(&snap(vec![], V::Dict(vec![])));
+    assert!(m.contains("'external_annotations' is a dict"), "{m}");
+    let m = err(&snap(vec![], V::List(vec![V::Dict(vec![(st("time_us"), st("x"))])])));
+    assert!(m.contains("external_annotations[0]['time_us']"), "{m}");
+    let m = err(&snap(vec![entry(vec![(st("user_metadata"), V::None)])], V::List(vec![])));
+    assert!(m.contains("device_traces[0][0]['user_metadata']"), "{m}");
+    // None for the list, and absent keys, are fine
+    let ok = from_pickle(&dumps(&snap(vec![entry(vec![])], V::None))).unwrap();
+    assert!(ok.annotations.is_empty() && ok.device_traces[0][0].meta == 0);
+    let ok = from_pickle(&dumps(&snap(
+        vec![entry(vec![(st("compile_context"), st("c")), (st("user_metadata"), st("u"))])],
+        V::List(vec![V::Dict(vec![(st("device"), V::Int(1)), (st("stage"), st("START"))])]),
+    )))
+    .unwrap();
+    assert_eq!((ok.compile_context(1), ok.user_metadata(1)), ("c", "u"));
+    assert_eq!(ok.annotations[0].device, 1);
+    assert_eq!(ok.annotations[0].time_us, 0);
+}

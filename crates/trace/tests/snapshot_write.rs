@@ -10,8 +10,8 @@ use std::process::Command;
 
 use allocsim_trace::snapshot::{from_pickle, to_pickle};
 use allocsim_trace::{
-    Action, BlockState, Frame, OutputFormat, RecordedSettings, Snapshot, SnapshotBlock,
-    SnapshotSegment, TraceEntry, jsonl, read_trace, read_trace_bytes, write_trace,
+    Action, Annotation, BlockState, EntryMeta, Frame, OutputFormat, RecordedSettings, Snapshot,
+    SnapshotBlock, SnapshotSegment, TraceEntry, jsonl, read_trace, read_trace_bytes, write_trace,
 };
 use common::fixture;
 
@@ -74,6 +74,14 @@ fn synthetic() -> Snapshot {
         stream,
         time_us,
         stack,
+        meta: 0,
+    };
+    let with_meta = |meta, e: TraceEntry| TraceEntry { meta, ..e };
+    let s = |x: &str| -> std::sync::Arc<str> { x.into() };
+    let ann = |stage: &str, name: &str, device, time_us| Annotation {
+        device,
+        time_us,
+        fields: vec![(s("stage"), s(stage)), (s("name"), s(name))],
     };
     Snapshot {
         segments: vec![
@@ -144,13 +152,16 @@ fn synthetic() -> Snapshot {
                     1_700_000_000_000_000,
                     1,
                 ),
-                e(
-                    Action::Alloc,
-                    0x7f00_0000_0000,
-                    6_000_000,
-                    u64::MAX,
-                    1_700_000_000_000_001,
+                with_meta(
                     1,
+                    e(
+                        Action::Alloc,
+                        0x7f00_0000_0000,
+                        6_000_000,
+                        u64::MAX,
+                        1_700_000_000_000_001,
+                        1,
+                    ),
                 ),
                 e(
                     Action::Oom,
@@ -165,8 +176,8 @@ fn synthetic() -> Snapshot {
             vec![],
             vec![
                 e(Action::SegmentMap, 1 << 60, 2 << 20, 7, 3, 0),
-                e(Action::FreeRequested, 1 << 60, 500, 7, 4, 2),
-                e(Action::FreeCompleted, 1 << 60, 500, 7, 5, 2),
+                with_meta(2, e(Action::FreeRequested, 1 << 60, 500, 7, 4, 2)),
+                with_meta(3, e(Action::FreeCompleted, 1 << 60, 500, 7, 5, 2)),
                 e(Action::SegmentUnmap, 1 << 60, 2 << 20, 7, 6, 0),
                 e(Action::SegmentFree, 1 << 60, 2 << 20, 7, 7, 1),
                 e(Action::Annotate, 0, 0, 0, 8, 0),
@@ -193,6 +204,18 @@ fn synthetic() -> Snapshot {
                 fr("w_frag", "gpu/record.py", 56),
                 fr("w_frag", "gpu/record.py", 56),
             ],
+        ],
+        annotations: vec![
+            ann("START", "Optimizer.step#AdamW.step", 0, 1_700_000_000_000_000),
+            ann("END", "Optimizer.step#AdamW.step", 0, 1_700_000_000_000_002),
+            ann("START", "forward", 2, -1),
+            Annotation { device: 2, time_us: 9, fields: vec![(s("name"), s("é")), (s(""), s("x"))] },
+            Annotation { device: 0, time_us: 0, fields: vec![] },
+        ],
+        entry_metas: vec![
+            EntryMeta { compile_context: "Torch-Compiled Region: 0/0".into(), user_metadata: String::new() },
+            EntryMeta { compile_context: "N/A".into(), user_metadata: "step 3".into() },
+            EntryMeta { compile_context: "".into(), user_metadata: "ü".into() },
         ],
     }
 }
@@ -297,6 +320,24 @@ fn layout_matches_torch_2_11() {
         Some("N/A")
     );
     assert_eq!(d.str(d.dict_get(t0[0], "user_metadata").unwrap()), Some(""));
+    assert_eq!(
+        d.str(d.dict_get(t0[1], "compile_context").unwrap()),
+        Some("Torch-Compiled Region: 0/0")
+    );
+    let t2 = d.items(traces[2]).unwrap();
+    assert_eq!(d.str(d.dict_get(t2[1], "user_metadata").unwrap()), Some("step 3"));
+    assert_eq!(d.str(d.dict_get(t2[2], "compile_context").unwrap()), Some(""));
+    assert_eq!(d.str(d.dict_get(t2[2], "user_metadata").unwrap()), Some("ü"));
+    // torch 2.11: {stage, name, device, time_us}
+    let anns = d.items(d.dict_get(root, "external_annotations").unwrap()).unwrap();
+    assert_eq!(anns.len(), 5);
+    assert_eq!(keys(anns[0]), ["stage", "name", "device", "time_us"]);
+    assert_eq!(d.str(d.dict_get(anns[1], "stage").unwrap()), Some("END"));
+    assert_eq!(
+        d.dict_get(anns[2], "device"),
+        Some(allocsim_trace::pickle::Value::Int(2))
+    );
+    assert_eq!(keys(anns[3]), ["name", "", "device", "time_us"]);
     // one list object per stack, shared by blocks and entries
     assert_eq!(d.dict_get(t0[0], "frames"), d.dict_get(t0[1], "frames"));
     let b0 = d.items(d.dict_get(seg, "blocks").unwrap()).unwrap()[0];
@@ -497,6 +538,7 @@ def seg_norm(segs):
     return [{k: v for k, v in s.items() if k != 'frames'} for s in segs]
 assert seg_norm(ours['segments']) == seg_norm(orig['segments']), 'segments differ'
 assert all(s['frames'] == [] for s in ours['segments'])
+assert ours['external_annotations'] == orig.get('external_annotations', []), 'annotations differ'
 rec = {k: v for k, v in orig.get('allocator_settings', {}).items()}
 assert all(ours['allocator_settings'].get(k) == v for k, v in rec.items()), 'settings differ'
 
