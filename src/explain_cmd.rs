@@ -75,6 +75,28 @@ pub fn cmd_explain(a: &ExplainArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     Ok(0)
 }
 
+/// How many Python frames of a stack `explain` prints.
+const STACK_FRAMES: usize = 8;
+
+/// The Python frames of a stack, innermost first (the C++ frames are counted, not printed: they
+/// are in `--json`).
+fn write_stack(out: &mut dyn Write, frames: &[allocsim_trace::Frame]) -> io::Result<()> {
+    let python: Vec<_> = allocsim_trace::frames::python_frames(frames).collect();
+    let native = frames.len() - python.len();
+    if python.len() > 1 {
+        for f in python.iter().take(STACK_FRAMES) {
+            writeln!(out, "      {}", allocsim_trace::frames::frame_text(f))?;
+        }
+        if python.len() > STACK_FRAMES {
+            writeln!(out, "      ... {} more Python frames", python.len() - STACK_FRAMES)?;
+        }
+    }
+    if native > 0 && !python.is_empty() {
+        writeln!(out, "      ({native} C++ frames not shown; `--json` has the whole stack)")?;
+    }
+    Ok(())
+}
+
 /// `explain` as text: the request, the allocator's steps, where the free memory is, what pins it,
 /// and what would have worked (`top`: how many pinned segments and sites to list).
 pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &AllocatorConfig, capacity: Option<u64>, top: usize) -> io::Result<()> {
@@ -93,11 +115,7 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
         Some(s) => writeln!(out, "  from {s}")?,
         None => writeln!(out, "  (the trace recorded no stack for it)")?,
     }
-    if x.frames.len() > 1 {
-        for f in x.frames.iter().take(6) {
-            writeln!(out, "      {}:{} in {}", f.filename, f.line, f.name)?;
-        }
-    }
+    write_stack(out, &x.frames)?;
     writeln!(out, "  a new segment for it would be {}", fs(x.alloc_size))?;
     writeln!(out)?;
     writeln!(out, "What the allocator did:")?;

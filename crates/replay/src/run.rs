@@ -318,16 +318,17 @@ impl Prepared {
         same_settings(config, &self.own) && capacity == self.trace_capacity
     }
 
-    /// Where request `req` was made: the innermost frame outside PyTorch's own files, else the
-    /// innermost frame (`file:line in function`); `None` when the trace recorded no stacks.
+    /// The stack recorded for request `req` (innermost first; empty when none was recorded).
+    pub fn frames(&self, req: u32) -> &[Frame] {
+        let stack = self.program.requests.get(req as usize).map_or(0, |r| r.stack as usize);
+        self.stacks.get(stack).map_or(&[], |v| v.as_slice())
+    }
+
+    /// Where request `req` was made: the first frame in the user's code, skipping C++ frames and
+    /// PyTorch's own Python files (see [`allocsim_trace::frames`]); `None` when the trace recorded
+    /// no stack for it.
     pub fn call_site(&self, req: u32) -> Option<String> {
-        let r = self.program.requests.get(req as usize)?;
-        let frames = self.stacks.get(r.stack as usize)?;
-        let pick = frames
-            .iter()
-            .find(|f| !f.filename.contains("/torch/") && !f.filename.starts_with("<"))
-            .or_else(|| frames.first())?;
-        Some(format!("{}:{} in {}", pick.filename, pick.line, pick.name))
+        allocsim_trace::frames::call_site(self.frames(req))
     }
 }
 

@@ -51,6 +51,8 @@ pub struct PinnedSegment {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PinningSite {
     pub call_site: String,
+    /// The whole stack of the first of these blocks (C++ frames included, innermost first).
+    pub frames: Vec<Frame>,
     pub blocks: u32,
     pub live_bytes: u64,
     pub pinned_free: u64,
@@ -77,7 +79,9 @@ pub struct Explanation {
     pub alloc_size: u64,
     pub small: bool,
     pub stream: u64,
+    /// The whole recorded stack, innermost first (C++ frames included when the trace has them).
     pub frames: Vec<Frame>,
+    /// The first frame in the user's code (see `allocsim_trace::frames`).
     pub call_site: Option<String>,
     /// The request was recorded as an OOM in the trace.
     pub recorded_oom: bool,
@@ -235,7 +239,10 @@ pub fn explain(
                 (None, u32::MAX) => "(blocks from before the trace)".to_string(),
                 (None, _) => "(no stack recorded)".to_string(),
             };
-            let e = sites.entry(name.clone()).or_insert(PinningSite { call_site: name, blocks: 0, live_bytes: 0, pinned_free: 0 });
+            let e = sites.entry(name.clone()).or_insert_with(|| {
+                let frames = if b.request == u32::MAX { Vec::new() } else { prepared.frames(b.request).to_vec() };
+                PinningSite { call_site: name, frames, blocks: 0, live_bytes: 0, pinned_free: 0 }
+            });
             e.blocks += 1;
             e.live_bytes += b.size;
             e.pinned_free += share;
@@ -282,7 +289,7 @@ pub fn explain(
         alloc_size: config.get_allocation_size(rounded),
         small,
         stream: r.stream,
-        frames: prepared.stacks.get(r.stack as usize).cloned().unwrap_or_default(),
+        frames: prepared.frames(req).to_vec(),
         call_site: prepared.call_site(req),
         recorded_oom: r.recorded_oom,
         oom,

@@ -210,7 +210,7 @@ fn segment_map(prepared: &Prepared, config: &AllocatorConfig, capacity: Option<u
             let w = (blk.size as f64 / max * width).max(0.5);
             let who = by_ptr.get(&blk.ptr).map(|&q| {
                 let site = prepared.call_site(q).map(|c| format!(" at {c}")).unwrap_or_default();
-                format!(", request {q}{site}")
+                format!(", request {q}{site}{}", stack_lines(prepared.frames(q)))
             });
             let _ = write!(
                 s,
@@ -229,6 +229,25 @@ fn segment_map(prepared: &Prepared, config: &AllocatorConfig, capacity: Option<u
         let _ = write!(s, r##"<text x="4" y="{:.1}" fill="#333">… {} smaller segments not drawn</text>"##, h - 6.0, segs.len() - shown);
     }
     s.push_str("</svg>");
+    s
+}
+
+/// A stack for a tooltip: its Python frames, one per line (C++ frames counted).
+fn stack_lines(frames: &[allocsim_trace::Frame]) -> String {
+    const MAX: usize = 12;
+    let python: Vec<_> = allocsim_trace::frames::python_frames(frames).collect();
+    let mut s = String::new();
+    for f in python.iter().take(MAX) {
+        s.push_str("\n    ");
+        s.push_str(&allocsim_trace::frames::frame_text(f));
+    }
+    if python.len() > MAX {
+        let _ = write!(s, "\n    … {} more Python frames", python.len() - MAX);
+    }
+    let native = frames.len() - python.len();
+    if native > 0 && !python.is_empty() {
+        let _ = write!(s, "\n    ({native} C++ frames)");
+    }
     s
 }
 

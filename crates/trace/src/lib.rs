@@ -13,7 +13,9 @@
 //!   final segments), for replays in bounded memory.
 //! * [`read_trace`] / [`write_trace`]: files in any of these formats (gzip'd or not).
 //! * [`hash`]: a fast hasher for integer keys.
+//! * [`frames`]: which frame of a recorded stack is the user's call site.
 
+pub mod frames;
 pub mod hash;
 pub mod jsonl;
 pub mod jsonl_stream;
