@@ -9,6 +9,7 @@ use allocsim_model::AllocatorConfig;
 use allocsim_model::free_set::FreeSet;
 use allocsim_synth::{Spec, Workload};
 use allocsim_replay::Prepared;
+use allocsim_replay::run::Limits;
 use allocsim_whatif::grid::{DEFAULT_GRID, parse_grid};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -63,12 +64,12 @@ fn benches(c: &mut Criterion) {
     g.sample_size(10);
     let points = parse_grid(DEFAULT_GRID, "").unwrap();
     g.bench_function("default_grid_4_placements", |b| {
-        b.iter(|| allocsim_whatif::sweep::sweep(&p, &points, Some(8810 << 20), 4, &|| {}).len())
+        b.iter(|| allocsim_whatif::sweep::sweep(&p, &points, &Limits::capacity(Some(8810 << 20)), 4, &|| {}).len())
     });
-    g.bench_function("default_grid_4_placements_uncapped", |b| b.iter(|| allocsim_whatif::sweep::sweep(&p, &points, None, 4, &|| {}).len()));
+    g.bench_function("default_grid_4_placements_uncapped", |b| b.iter(|| allocsim_whatif::sweep::sweep(&p, &points, &Limits::capacity(None), 4, &|| {}).len()));
     g.finish();
 
-    // Issue 6's sweep target: the default grid over a 1-million-event trace (333 334 requests,
+    // The sweep target: the default grid over a 1-million-event trace (333 334 requests,
     // three entries each), generated in memory; decoding is not part of it (done once, shared).
     let mut g = c.benchmark_group("sweep_1m_events");
     g.sample_size(10);
@@ -79,14 +80,14 @@ fn benches(c: &mut Criterion) {
         eprintln!("{}: {} entries, peak reserved {peak}", workload.name(), snap.device_traces[0].len());
         for (cap_name, cap) in [("uncapped", None), ("capped_at_own_peak", Some(peak))] {
             let t = std::time::Instant::now();
-            let rows = allocsim_whatif::sweep::sweep(&p, &points, cap, 4, &|| {});
+            let rows = allocsim_whatif::sweep::sweep(&p, &points, &Limits::capacity(cap), 4, &|| {});
             let secs = t.elapsed().as_secs_f64();
             let shared = rows.iter().flat_map(|r| &r.outcomes).filter(|o| o.same_as.is_some()).count();
             let total: usize = rows.iter().map(|r| r.outcomes.len()).sum();
             eprintln!("  {cap_name}: {} of {total} outcomes replayed; one run {secs:.2} s", total - shared);
             // Capped sweeps run configs into OOM and release storms (seconds each): timed once above.
             if cap.is_none() {
-                g.bench_function(format!("{}_{cap_name}", workload.name()), |b| b.iter(|| allocsim_whatif::sweep::sweep(&p, &points, cap, 4, &|| {}).len()));
+                g.bench_function(format!("{}_{cap_name}", workload.name()), |b| b.iter(|| allocsim_whatif::sweep::sweep(&p, &points, &Limits::capacity(cap), 4, &|| {}).len()));
             }
         }
     }

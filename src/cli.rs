@@ -5,7 +5,6 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use allocsim_model::constants::H200_TOTAL_MEMORY;
 use allocsim_model::format::{format_size, oom_message};
 use allocsim_replay::program::Request;
 use allocsim_replay::replay::Oom;
@@ -34,11 +33,14 @@ struct ReplayArgs {
     #[arg(long)]
     config: Option<String>,
     /// The allowed maximum, as `set_per_process_memory_fraction` gives it: bytes or e.g. `24GiB`.
+    /// Default: the budget the trace was recorded under, inferred from its OOM entries and segment
+    /// events (an allowed maximum, or a device full with memory held outside the allocator).
     #[arg(long, value_parser = parse_size)]
     capacity: Option<u64>,
-    /// The device's total memory (for `per_process_memory_fraction` and expandable reservations).
-    #[arg(long, value_parser = parse_size, default_value_t = H200_TOTAL_MEMORY)]
-    device_memory: u64,
+    /// The device's total memory (for `per_process_memory_fraction`, expandable reservations and
+    /// the OOM message). Default: as the trace shows it, else an H200's.
+    #[arg(long, value_parser = parse_size)]
+    device_memory: Option<u64>,
     /// The allowed maximum the trace itself was recorded under (tells its `empty_cache()` calls
     /// from the releases of its own OOM retries). Default: `--capacity` when replaying under the
     /// trace's own settings, else none.
@@ -83,11 +85,12 @@ enum Command {
     /// allocation address and the final segments. Exit status 1 if anything differs.
     Validate {
         trace: PathBuf,
-        /// The allowed maximum the trace was recorded under.
+        /// The allowed maximum the trace was recorded under (default: inferred from the trace).
         #[arg(long, value_parser = parse_size)]
         capacity: Option<u64>,
-        #[arg(long, value_parser = parse_size, default_value_t = H200_TOTAL_MEMORY)]
-        device_memory: u64,
+        /// The device's total memory (default: as the trace shows it, else an H200's).
+        #[arg(long, value_parser = parse_size)]
+        device_memory: Option<u64>,
         #[arg(long)]
         json: bool,
     },
@@ -266,6 +269,14 @@ fn run_streamed(file: &JsonlFile, args: &ReplayArgs, err: &mut dyn Write) -> Res
     }
 }
 
+/// The budget in words, for text output (nothing when there is nothing to say).
+pub(crate) fn budget_lines(b: &allocsim_replay::Budget) -> Vec<String> {
+    if b.kind.is_none() && b.device_memory.source != allocsim_replay::budget::DeviceMemorySource::Inferred {
+        return Vec::new();
+    }
+    b.describe()
+}
+
 /// The state a truncated trace starts from (`null`: an empty allocator).
 fn initial_state_json(r: &ReplaySummary) -> Value {
     match &r.initial {
@@ -387,6 +398,7 @@ fn replay_json(args: &ReplayArgs, r: &ReplaySummary, all: &[ReplaySummary]) -> V
         "placements": if args.placements.is_some() { Value::from(placements) } else { Value::Null },
         "placement_independent": r.options.config.expandable_segments,
         "fragmentation": fragmentation_json(o),
+        "budget": r.budget.as_ref().map(|b| b.to_json()),
     })
 }
 
@@ -407,8 +419,17 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayArgs, r: &ReplaySummary) 
     let s = &o.stats;
     let conf = if r.options.config.source.is_empty() { "defaults".to_string() } else { r.options.config.source.clone() };
     writeln!(out, "{} (device {}): {} requests replayed under {conf}", args.trace.display(), r.device, r.requests)?;
-    if let Some(c) = r.options.capacity {
-        writeln!(out, "  allowed maximum   {} ({c} bytes)", format_size(c))?;
+    match &r.budget {
+        Some(b) if args.capacity.is_none() && (b.kind.is_some() || b.device_memory.source == allocsim_replay::budget::DeviceMemorySource::Inferred) => {
+            for line in budget_lines(b) {
+                writeln!(out, "  budget            {line}")?;
+            }
+        }
+        _ => {
+            if let Some(c) = r.options.capacity {
+                writeln!(out, "  allowed maximum   {} ({c} bytes)", format_size(c))?;
+            }
+        }
     }
     let peak_res = s.reserved_bytes.all().peak as u64;
     let peak_alloc = s.allocated_bytes.all().peak as u64;
@@ -517,16 +538,21 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayArgs, r: &ReplaySummary) 
     Ok(())
 }
 
-fn cmd_validate(path: &Path, capacity: Option<u64>, device_memory: u64, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
+fn cmd_validate(path: &Path, capacity: Option<u64>, device_memory: Option<u64>, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
     let snap = load(path)?;
     let spec = ReplaySpec { capacity, device_memory, ..ReplaySpec::default() };
     let r = allocsim_replay::run(&snap, &spec)?;
     let v = allocsim_replay::validate(&r);
     if as_json {
-        write_json(io.out, &v)?;
+        let mut json = serde_json::to_value(&v).expect("JSON");
+        json["budget"] = r.budget.to_json();
+        write_json(io.out, &json)?;
     } else {
         let out = &mut *io.out;
         writeln!(out, "{} (device {}): replay under its own settings against the recording", path.display(), r.device)?;
+        for line in budget_lines(&r.budget) {
+            writeln!(out, "  budget           {line}")?;
+        }
         for (name, a) in [
             ("segment events", &v.segment_events),
             ("OOMs", &v.ooms),

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use allocsim_model::AllocatorConfig;
 use allocsim_model::format::format_size as fs;
-use allocsim_report::explain::{At, CANDIDATES, Explanation, explain};
+use allocsim_report::explain::{At, CANDIDATES, Explanation, OomCause, explain};
 
 use crate::cli::{UserError, load, write_json};
 use crate::output::Io;
@@ -16,13 +16,16 @@ use crate::whatif_cmds::TraceArgs;
 pub struct ExplainArgs {
     #[command(flatten)]
     pub trace: TraceArgs,
-    /// `oom` (the first OOM), a request number N (0-based, as in `replay --json`), or `peak`.
-    #[arg(long, default_value = "oom")]
-    pub at: String,
+    /// `oom` (the first request that runs out of memory in the replay), a request number N
+    /// (0-based, as in `replay --json`), or `peak`. Default: the first OOM the trace recorded
+    /// (under its own settings), else `oom`.
+    #[arg(long)]
+    pub at: Option<String>,
     /// Settings to replay under (default: the trace's own).
     #[arg(long)]
     pub config: Option<String>,
     /// The allowed maximum (e.g. `2GiB`), as `set_per_process_memory_fraction` gives it.
+    /// Default: the trace's own budget, inferred from it.
     #[arg(long, value_parser = parse_size)]
     pub capacity: Option<u64>,
     /// Take new segments' addresses from this recorded run.
@@ -40,14 +43,20 @@ pub fn cmd_explain(a: &ExplainArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let placement = match &a.addresses_from {
         Some(path) => {
             let other = load(path)?;
-            allocsim_replay::recorded_placement(other.device_traces.get(p.device).map_or(&[], |v| v.as_slice()), a.trace.device_memory)
+            allocsim_replay::recorded_placement(other.device_traces.get(p.device).map_or(&[], |v| v.as_slice()), p.device_memory)
         }
         None => p.recorded_placement(),
     };
-    let at = match a.at.as_str() {
-        "oom" => At::FirstOom,
-        "peak" => At::Peak,
-        n => At::Request(n.parse().map_err(|_| UserError(format!("--at {n:?}: expected oom, peak or a request number")))?),
+    let own = p.is_own(&config, a.capacity);
+    let first_recorded = p.program.requests.iter().position(|r| r.recorded_oom).map(|i| i as u32);
+    let at = match a.at.as_deref() {
+        None => match first_recorded {
+            Some(r) if own => At::Request(r),
+            _ => At::FirstOom,
+        },
+        Some("oom") => At::FirstOom,
+        Some("peak") => At::Peak,
+        Some(n) => At::Request(n.parse().map_err(|_| UserError(format!("--at {n:?}: expected oom, peak or a request number")))?),
     };
     if let At::Request(n) = at
         && n as usize >= p.program.requests.len() {
@@ -67,12 +76,60 @@ pub fn cmd_explain(a: &ExplainArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
         }
         return Ok(0);
     };
+    // Every OOM of the replay, with its cause, to say whether the others share this one's.
+    let outcome = if own { p.own_outcome.clone() } else { p.replay_under(&config, &p.limits(a.capacity), placement.clone()) };
+    let causes = allocsim_report::explain::oom_causes(&p, &outcome);
     if a.json {
-        write_json(io.out, &x)?;
+        let mut out = serde_json::to_value(&x).expect("JSON");
+        out["budget"] = p.budget.to_json();
+        out["ooms"] = serde_json::to_value(&causes).expect("JSON");
+        write_json(io.out, &out)?;
     } else {
-        write_explanation(io.out, &x, &config, a.capacity, a.top)?;
+        write_explanation(io.out, &x, &config, a.top, &Context { prepared: &p, capacity: a.capacity })?;
+        write_causes(io.out, &x, &causes, own)?;
     }
     Ok(0)
+}
+
+/// What `explain` knows of the replay besides the explanation: the prepared trace (its budget)
+/// and `--capacity`.
+pub struct Context<'a> {
+    pub prepared: &'a allocsim_replay::Prepared,
+    pub capacity: Option<u64>,
+}
+
+/// How many more OOMs there were and whether they share the explained one's cause.
+fn write_causes(out: &mut dyn Write, x: &Explanation, causes: &[OomCause], own: bool) -> io::Result<()> {
+    let Some(this) = causes.iter().find(|c| c.request == x.request) else { return Ok(()) };
+    let recorded: Vec<&OomCause> = causes.iter().filter(|c| c.recorded_oom).collect();
+    let others: Vec<&OomCause> = causes.iter().filter(|c| c.request != x.request).collect();
+    writeln!(out)?;
+    if own && !recorded.is_empty() {
+        writeln!(
+            out,
+            "The trace recorded {} OOM{}; {}. Its cause: {}.",
+            recorded.len(),
+            if recorded.len() == 1 { "" } else { "s" },
+            if recorded.first().is_some_and(|c| c.request == x.request) { "this is the first".to_string() } else { format!("this is request {}", x.request) },
+            this.describe()
+        )?;
+    } else {
+        writeln!(out, "The replay runs out of memory {} time{}; this one's cause: {}.", causes.len(), if causes.len() == 1 { "" } else { "s" }, this.describe())?;
+    }
+    let (same, differ): (Vec<&OomCause>, Vec<&OomCause>) = others.iter().partition(|c| c.same_cause(this));
+    if !same.is_empty() {
+        let shown: Vec<String> = same.iter().take(8).map(|c| c.request.to_string()).collect();
+        let more = if same.len() > 8 { format!(", … ({} in all)", same.len()) } else { String::new() };
+        let (s, verb) = if same.len() == 1 { ("", "shares") } else { ("s", "share") };
+        writeln!(out, "  {} other{s} {verb} it: requests {}{more}", same.len(), shown.join(", "))?;
+    }
+    for c in differ.iter().take(8) {
+        writeln!(out, "  request {} ({}) differs: {}", c.request, fs(c.size), c.describe())?;
+    }
+    if differ.len() > 8 {
+        writeln!(out, "  ... and {} more that differ", differ.len() - 8)?;
+    }
+    Ok(())
 }
 
 /// How many Python frames of a stack `explain` prints.
@@ -99,7 +156,8 @@ fn write_stack(out: &mut dyn Write, frames: &[allocsim_trace::Frame]) -> io::Res
 
 /// `explain` as text: the request, the allocator's steps, where the free memory is, what pins it,
 /// and what would have worked (`top`: how many pinned segments and sites to list).
-pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &AllocatorConfig, capacity: Option<u64>, top: usize) -> io::Result<()> {
+pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &AllocatorConfig, top: usize, cx: &Context<'_>) -> io::Result<()> {
+    let (p, capacity) = (cx.prepared, cx.capacity);
     let pool = if x.small { "small pool" } else { "large pool" };
     writeln!(
         out,
@@ -126,6 +184,11 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
         Some(m) => {
             writeln!(out, "  → out of memory. PyTorch says (without NVML's per-process sentence, which a trace cannot show):")?;
             writeln!(out, "    {m}")?;
+            if capacity.is_none() {
+                for line in crate::cli::budget_lines(&p.budget) {
+                    writeln!(out, "    budget: {line}")?;
+                }
+            }
             if config.expandable_segments {
                 writeln!(out, "    (its hint to set expandable_segments:True does not apply: it is already on — pytorch/pytorch#173049)")?;
             }
@@ -210,10 +273,22 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
     }
     if x.message.is_some() {
         writeln!(out)?;
+        let limits = p.limits(capacity);
         writeln!(
             out,
             "What would have worked (the same requests{}):",
-            capacity.map_or(String::new(), |c| format!(", {} allowed", fs(c)))
+            match (capacity, limits.capacity, limits.outside.is_empty()) {
+                (Some(c), _, _) => format!(", {} allowed", fs(c)),
+                (None, Some(c), _) if p.budget.allowed_is_interval() => format!(
+                    ", {} allowed: the inferred maximum, between {} and {}",
+                    fs(c),
+                    fs(p.budget.allowed_low.unwrap_or(c)),
+                    fs(p.budget.allowed_high.unwrap_or(c))
+                ),
+                (None, Some(c), _) => format!(", {} allowed (inferred)", fs(c)),
+                (None, None, false) => ", the memory the device had free as the trace shows it".to_string(),
+                (None, None, true) => String::new(),
+            }
         )?;
         for alt in &x.alternatives {
             let verdict = match (&alt.rejected, alt.first_oom) {
@@ -223,7 +298,8 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
                 (None, Some(o)) if o == x.request => "runs out of memory at the same request".to_string(),
                 (None, Some(o)) => format!("runs out of memory earlier, at request {o}"),
             };
-            writeln!(out, "  {:<48} {verdict}", alt.conf)?;
+            let depends = if alt.depends_on_allowed_maximum { " (depends on where in the inferred interval the allowed maximum lies)" } else { "" };
+            writeln!(out, "  {:<48} {verdict}{depends}", alt.conf)?;
         }
         let saved: Vec<&str> = x.alternatives.iter().filter(|a| a.rejected.is_none() && a.first_oom.is_none()).map(|a| a.conf.as_str()).collect();
         let past: Vec<&str> = x.alternatives.iter().filter(|a| a.avoids && a.first_oom.is_some()).map(|a| a.conf.as_str()).collect();
@@ -237,7 +313,7 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
         if let Some(c) = x.smallest_capacity {
             writeln!(out, "  {:<48} the smallest allowed maximum that runs the whole trace under these settings", fs(c))?;
         }
-        if capacity.is_none() {
+        if limits.capacity.is_none() {
             writeln!(out, "  note: garbage_collection_threshold has no effect without a memory fraction")?;
         }
     }

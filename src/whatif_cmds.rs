@@ -4,9 +4,8 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use allocsim_model::AllocatorConfig;
-use allocsim_model::constants::H200_TOTAL_MEMORY;
 use allocsim_model::format::format_size;
-use allocsim_replay::{Prepared, ReplayOutcome};
+use allocsim_replay::{Prepared, ReplayOutcome, TorchVersion};
 use allocsim_trace::{Action, Snapshot};
 use allocsim_whatif::compare::{Side, compare};
 use allocsim_whatif::fit::{DEFAULT_OUTSIDE_MEMORY, fit, outside_memory_from_ooms};
@@ -24,11 +23,12 @@ use crate::size::parse_size;
 pub struct TraceArgs {
     /// A snapshot (.pickle, .pickle.gz) or an allocsim .jsonl trace.
     pub trace: PathBuf,
-    /// The device's total memory.
-    #[arg(long, value_parser = parse_size, default_value_t = H200_TOTAL_MEMORY)]
-    pub device_memory: u64,
-    /// The allowed maximum the trace was recorded under, if any (tells its `empty_cache()` calls
-    /// from the releases its own OOM retries made).
+    /// The device's total memory (default: as the trace shows it, else an H200's).
+    #[arg(long, value_parser = parse_size)]
+    pub device_memory: Option<u64>,
+    /// The allowed maximum the trace was recorded under (tells its `empty_cache()` calls from the
+    /// releases its own OOM retries made). Default: inferred from the trace's OOM entries and
+    /// segment events, with the memory held outside the allocator.
     #[arg(long, value_parser = parse_size)]
     pub trace_capacity: Option<u64>,
     /// Which device's trace (default: the first with entries).
@@ -39,7 +39,7 @@ pub struct TraceArgs {
 impl TraceArgs {
     fn prepare(&self) -> Result<(Snapshot, Prepared), UserError> {
         let snap = load(&self.trace)?;
-        let p = Prepared::new(&snap, self.device, self.device_memory, self.trace_capacity)?;
+        let p = Prepared::new_for(&snap, self.device, self.device_memory, self.trace_capacity, TorchVersion::DEFAULT)?;
         Ok((snap, p))
     }
 
@@ -60,7 +60,7 @@ impl TraceArgs {
             x == y
         };
         let trace_capacity = self.trace_capacity.or(if own_settings { capacity } else { None });
-        let p = Prepared::new(&snap, self.device, self.device_memory, trace_capacity)?;
+        let p = Prepared::new_for(&snap, self.device, self.device_memory, trace_capacity, TorchVersion::DEFAULT)?;
         Ok((snap, p, config))
     }
 }
@@ -74,7 +74,8 @@ pub fn parse_config(c: &str) -> Result<AllocatorConfig, UserError> {
 pub struct SweepArgs {
     #[command(flatten)]
     pub trace: TraceArgs,
-    /// The allowed maximum to sweep under (e.g. `24GiB`); default: the whole device.
+    /// The allowed maximum to sweep under (e.g. `24GiB`); default: the trace's own budget
+    /// (inferred from it), else the whole device.
     #[arg(long, value_parser = parse_size)]
     pub capacity: Option<u64>,
     /// `key=v1,v2; key2=...` (`none` leaves a key out). Default: a grid over expandable_segments,
@@ -140,8 +141,22 @@ pub fn cmd_sweep(a: &SweepArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let points: Vec<GridPoint> = parse_grid(grid, &a.base).map_err(UserError)?;
     let pb = progress_bar(replay_count(&points, a.placements), a.json || a.csv);
     let t0 = std::time::Instant::now();
-    let rows = sweep(&p, &points, a.capacity, a.placements, &|| pb.inc(1));
+    let limits = p.limits(a.capacity);
+    let rows = sweep(&p, &points, &limits, a.placements, &|| pb.inc(1));
     pb.finish_and_clear();
+    // An allowed maximum known as an interval: the outcomes at its two ends say which answers
+    // depend on where in it the real one lies.
+    let ends = match (a.capacity, p.budget.allowed_low, p.budget.allowed_high) {
+        (None, Some(lo), Some(hi)) if p.budget.allowed_is_interval() => Some((lo, hi)),
+        _ => None,
+    };
+    let depends: Vec<String> = match ends {
+        Some((lo, hi)) => {
+            let at = |c: u64| sweep(&p, &points, &p.limits_at(c), a.placements, &|| {});
+            allocsim_whatif::sweep::depends_on_limits(&[&rows, &at(lo), &at(hi)])
+        }
+        None => Vec::new(),
+    };
     let secs = t0.elapsed().as_secs_f64();
     if a.json {
         let out = json!({
@@ -152,6 +167,9 @@ pub fn cmd_sweep(a: &SweepArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
             "seconds": secs,
             "rows": rows,
             "could_swap_with_next": allocsim_whatif::sweep::placement_sensitive_pairs(&rows),
+            "allowed_maximum_used": limits.capacity,
+            "budget": p.budget.to_json(),
+            "depends_on_allowed_maximum": depends,
         });
         write_json(io.out, &out)?;
         return Ok(0);
@@ -160,7 +178,7 @@ pub fn cmd_sweep(a: &SweepArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
         write_sweep_csv(io.out, &rows)?;
         return Ok(0);
     }
-    write_sweep_text(io.out, a, &p, &points, &rows, secs)?;
+    write_sweep_text(io.out, a, &p, &points, &rows, secs, ends.map(|e| (e, depends.as_slice())))?;
     Ok(0)
 }
 
@@ -195,7 +213,18 @@ pub fn write_sweep_csv(out: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
 }
 
 /// `sweep` as text: the table of the `a.top` best configs, the rejected ones, the recommendation.
-fn write_sweep_text(out: &mut dyn Write, a: &SweepArgs, p: &Prepared, points: &[GridPoint], rows: &[Row], secs: f64) -> io::Result<()> {
+/// `interval`: the ends of an inferred allowed maximum and the configs whose outcome differs
+/// between them.
+fn write_sweep_text(
+    out: &mut dyn Write,
+    a: &SweepArgs,
+    p: &Prepared,
+    points: &[GridPoint],
+    rows: &[Row],
+    secs: f64,
+    interval: Option<((u64, u64), &[String])>,
+) -> io::Result<()> {
+    let limits = p.limits(a.capacity);
     let valid = rows.iter().filter(|r| r.rejected.is_none()).count();
     let shared = rows.iter().flat_map(|r| &r.outcomes).filter(|o| o.same_as.is_some()).count();
     writeln!(
@@ -206,7 +235,12 @@ fn write_sweep_text(out: &mut dyn Write, a: &SweepArgs, p: &Prepared, points: &[
         valid,
         a.placements,
         replay_count(points, a.placements),
-        a.capacity.map_or("no cap".to_string(), |c| format!("a {} cap", format_size(c))),
+        match (a.capacity, limits.capacity, limits.outside.is_empty()) {
+            (Some(c), _, _) => format!("a {} cap", format_size(c)),
+            (None, Some(c), _) => format!("the trace's own allowed maximum, {} (inferred)", format_size(c)),
+            (None, None, false) => "the trace's own budget (a full device, inferred)".to_string(),
+            (None, None, true) => "no cap".to_string(),
+        },
         replay_count(points, a.placements) - shared,
         shared,
         secs
@@ -229,10 +263,31 @@ fn write_sweep_text(out: &mut dyn Write, a: &SweepArgs, p: &Prepared, points: &[
         ]);
     }
     writeln!(out, "{t}")?;
+    if a.capacity.is_none() {
+        for line in crate::cli::budget_lines(&p.budget) {
+            writeln!(out, "budget: {line}")?;
+        }
+    }
+    match interval {
+        Some(((lo, hi), depends)) if depends.is_empty() => writeln!(
+            out,
+            "every outcome above is the same at both ends of the inferred allowed maximum ({}–{})",
+            format_size(lo),
+            format_size(hi)
+        )?,
+        Some(((lo, hi), depends)) => writeln!(
+            out,
+            "depends on where in {}–{} the real allowed maximum lies (the outcome differs between its ends): {}",
+            format_size(lo),
+            format_size(hi),
+            depends.iter().map(|c| if c.is_empty() { "(defaults)" } else { c.as_str() }).collect::<Vec<_>>().join("; ")
+        )?,
+        None => {}
+    }
     for r in rows.iter().filter(|r| r.rejected.is_some()) {
         writeln!(out, "rejected by PyTorch: {} — {}", r.conf, r.rejected.as_ref().unwrap())?;
     }
-    if a.capacity.is_none() && points.iter().any(|p| p.config.as_ref().is_ok_and(|c| c.gc_enabled())) {
+    if limits.capacity.is_none() && points.iter().any(|p| p.config.as_ref().is_ok_and(|c| c.gc_enabled())) {
         writeln!(out, "note: garbage_collection_threshold has no effect without a memory fraction (give --capacity)")?;
     }
     // Rankings that placement can flip: adjacent configs whose outcome ranges overlap.
@@ -243,7 +298,7 @@ fn write_sweep_text(out: &mut dyn Write, a: &SweepArgs, p: &Prepared, points: &[
         writeln!(out, "placement: these neighbours could swap places depending on where the driver puts segments (their ranges overlap): {}", flips.join(", "))?;
     }
     if let Some(best) = shown.first() {
-        let own = rows.iter().find(|r| r.rejected.is_none() && p.is_own(&AllocatorConfig::parse(&r.conf).unwrap(), p.trace_capacity));
+        let own = rows.iter().find(|r| r.rejected.is_none() && p.is_own_under(&AllocatorConfig::parse(&r.conf).unwrap(), &limits));
         let name = |r: &Row| if r.conf.is_empty() { "the defaults".to_string() } else { r.conf.clone() };
         let line = match own {
             Some(o) if std::ptr::eq(o, *best) => format!("recommendation: keep {} (the trace's own settings rank first)", name(best)),
@@ -318,6 +373,10 @@ pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
         let fits: Vec<_> = placements[..n].iter().map(|(name, pl)| (name.clone(), fit(&p, config, pl))).collect();
         let caps: Vec<u64> = fits.iter().filter_map(|(_, f)| f.capacity).collect();
         let capacity = fits[0].1.capacity;
+        let own_budget = match (caps.iter().min(), caps.iter().max()) {
+            (Some(&lo), Some(&hi)) if caps.len() == fits.len() => allocsim_whatif::fit::against_budget(lo, hi, &p.budget),
+            _ => None,
+        };
         let cards: Vec<_> = a
             .cards
             .iter()
@@ -339,6 +398,7 @@ pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
             "placement_independent": config.expandable_segments,
             "placements": fits.iter().map(|(name, f)| json!({"name": name, "capacity": f.capacity, "replays": f.replays})).collect::<Vec<_>>(),
             "cards": cards,
+            "own_budget": own_budget.map(|(v, lo, hi)| json!({"verdict": v, "low": lo, "high": hi})),
         }));
     }
     if a.json {
@@ -352,12 +412,20 @@ pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
         write_json(io.out, &body)?;
         return Ok(0);
     }
-    write_fit_text(io.out, a, p.program.requests.len(), &results, outside, outside_source)?;
+    write_fit_text(io.out, a, p.program.requests.len(), p.device_memory, &results, outside, outside_source)?;
     Ok(0)
 }
 
 /// `fit` as text: per config the fitting capacity, how it was checked, and the cards.
-fn write_fit_text(out: &mut dyn Write, a: &FitArgs, requests: usize, results: &[serde_json::Value], outside: u64, outside_source: &str) -> io::Result<()> {
+fn write_fit_text(
+    out: &mut dyn Write,
+    a: &FitArgs,
+    requests: usize,
+    device_memory: u64,
+    results: &[serde_json::Value],
+    outside: u64,
+    outside_source: &str,
+) -> io::Result<()> {
     writeln!(out, "{}: {} requests", a.trace.trace.display(), requests)?;
     for r in results {
         let conf = r["config"].as_str().unwrap_or("");
@@ -367,7 +435,7 @@ fn write_fit_text(out: &mut dyn Write, a: &FitArgs, requests: usize, results: &[
             continue;
         }
         match r["capacity"].as_u64() {
-            None => writeln!(out, "  {conf}: does not fit even in the whole device ({})", format_size(a.trace.device_memory))?,
+            None => writeln!(out, "  {conf}: does not fit even in the whole device ({})", format_size(device_memory))?,
             Some(c) => {
                 let rng = &r["capacity_range"];
                 let spread = match (rng[0].as_u64(), rng[1].as_u64()) {
@@ -389,6 +457,16 @@ fn write_fit_text(out: &mut dyn Write, a: &FitArgs, requests: usize, results: &[
                     if r["non_monotone"].as_bool() == Some(true) { "fitting is NOT monotone here: a smaller capacity fits below a larger one that does not" } else { "monotone near the edge" },
                     if r["placement_independent"].as_bool() == Some(true) { "; expandable segments: placement does not matter" } else { "" }
                 )?;
+                if let Some(b) = r["own_budget"].as_object() {
+                    let (lo, hi) = (b["low"].as_u64().unwrap_or(0), b["high"].as_u64().unwrap_or(0));
+                    let had = if lo == hi { format_size(lo) } else { format!("between {} and {} (inferred)", format_size(lo), format_size(hi)) };
+                    let verdict = match b["verdict"].as_str() {
+                        Some("fits") => "enough",
+                        Some("does_not_fit") => "not enough",
+                        _ => "enough or not depending on where in that range the real value lies",
+                    };
+                    writeln!(out, "    the trace itself had {had}: {verdict}")?;
+                }
                 for c in r["cards"].as_array().unwrap() {
                     writeln!(
                         out,
@@ -427,10 +505,12 @@ pub struct CompareArgs {
     /// Settings for side B (default: the trace's own).
     #[arg(long)]
     pub config_b: Option<String>,
+    /// The allowed maximum (default: the trace's own budget, inferred from it).
     #[arg(long, value_parser = parse_size)]
     pub capacity: Option<u64>,
-    #[arg(long, value_parser = parse_size, default_value_t = H200_TOTAL_MEMORY)]
-    pub device_memory: u64,
+    /// The device's total memory (default: as the trace shows it, else an H200's).
+    #[arg(long, value_parser = parse_size)]
+    pub device_memory: Option<u64>,
     #[arg(long, default_value_t = 10)]
     pub top: usize,
     #[arg(long)]
@@ -439,7 +519,7 @@ pub struct CompareArgs {
 
 /// A recorded run as one side: its own segment events (a self replay reproduces them exactly).
 fn recorded_side(path: &Path, snap: &Snapshot) -> Result<Side, UserError> {
-    let p = Prepared::new(snap, None, H200_TOTAL_MEMORY, None)?;
+    let p = Prepared::new_for(snap, None, None, None, TorchVersion::DEFAULT)?;
     let mut deltas = Vec::new();
     let mut sites = Vec::new();
     let mut req = 0u32;
@@ -505,7 +585,7 @@ pub fn cmd_compare(a: &CompareArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
             (recorded_side(&a.a, &snap_a)?, recorded_side(b, &snap_b)?)
         }
         None => {
-            let p = Prepared::new(&snap_a, None, a.device_memory, None)?;
+            let p = Prepared::new_for(&snap_a, None, a.device_memory, None, TorchVersion::DEFAULT)?;
             let cfg = |c: &Option<String>| -> Result<(String, AllocatorConfig), UserError> {
                 match c {
                     Some(s) => Ok((s.clone(), AllocatorConfig::parse(s).map_err(|e| UserError(format!("--config {s:?}: {e}")))?)),
@@ -513,8 +593,9 @@ pub fn cmd_compare(a: &CompareArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
                 }
             };
             let ((la, ca), (lb, cb)) = (cfg(&a.config)?, cfg(&a.config_b)?);
-            let oa = p.replay(&ca, a.capacity, p.recorded_placement());
-            let ob = p.replay(&cb, a.capacity, p.recorded_placement());
+            let limits = p.limits(a.capacity);
+            let oa = p.replay_under(&ca, &limits, p.recorded_placement());
+            let ob = p.replay_under(&cb, &limits, p.recorded_placement());
             (replayed_side(la, &p, &oa), replayed_side(lb, &p, &ob))
         }
     };

@@ -11,6 +11,9 @@ use allocsim_trace::read_trace;
 
 const H200: u64 = 150_109_880_320;
 
+#[path = "support/reference.rs"]
+mod reference;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -69,11 +72,7 @@ fn frag_oom_is_explained_to_the_byte() {
 
 #[test]
 fn synthetic_oom_is_explained_to_the_byte() {
-    let path = root().join("../shared/traces/synthetic__default__8810M.pickle.gz");
-    if !path.exists() {
-        eprintln!("note: {} absent; skipped", path.display());
-        return;
-    }
+    let Some(path) = reference::shared(&root(), "traces/synthetic__default__8810M.pickle.gz") else { return };
     let m = meta(&path);
     let c = cap(&m);
     let p = Prepared::new(&read_trace(&path).unwrap(), None, H200, Some(c)).unwrap();

@@ -1,4 +1,4 @@
-//! The `allocsim replay` command on real-world snapshots (issue 7): traces that start mid-history,
+//! The `allocsim replay` command on real-world snapshots: traces that start mid-history,
 //! several devices, other PyTorch versions, and hostile input (absurd sizes, addresses out of any
 //! range, unknown actions, pre-2.1 snapshots): each bad input ends with exit status 2 and one
 //! `allocsim: error: ...` line naming the entry, never a panic.

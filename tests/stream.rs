@@ -29,13 +29,16 @@ fn jsonl_of(snap: &Snapshot, name: &str) -> TempFile {
     f
 }
 
+#[path = "support/reference.rs"]
+mod reference;
+
 /// Every recorded trace: `traces/`, then `../shared/traces` when present.
 fn all_traces() -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for dir in [root("traces"), root("../shared/traces")] {
+    let shared = reference::shared(&root(""), "traces");
+    for dir in [Some(root("traces")), shared].into_iter().flatten() {
         let Ok(d) = std::fs::read_dir(&dir) else {
-            eprintln!("note: {} not found; skipping its traces", dir.display());
-            continue;
+            panic!("{} cannot be read", dir.display());
         };
         let mut v: Vec<PathBuf> = d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.to_str().unwrap().ends_with(".pickle.gz")).collect();
         v.sort();
@@ -129,7 +132,7 @@ fn specs(cap: Option<u64>, peak: u64) -> Vec<(String, ReplaySpec<'static>)> {
     let tight = Some(peak / 10 * 7);
     vec![
         ("own settings and cap".into(), spec(None, cap, None)),
-        ("own settings, uncapped".into(), spec(None, None, cap)),
+        ("own settings, the cap given as the trace's".into(), spec(None, None, cap)),
         ("own settings, 70% of the peak".into(), spec(None, tight, cap)),
         ("expandable".into(), spec(Some("expandable_segments:True"), cap, cap)),
         ("msplit + gc".into(), spec(Some("max_split_size_mb:64,garbage_collection_threshold:0.6"), cap, cap)),
@@ -367,7 +370,10 @@ fn a_cross_stream_free_seen_late_is_replayed_again() {
     let file = JsonlFile::open(&f.0).unwrap().unwrap();
     for capacity in [None, Some(64 * MB)] {
         let spec = ReplaySpec { capacity, ..ReplaySpec::default() };
-        let Streamed::Done(got) = streamed(&file, &spec) else { panic!("not streamed") };
+        let got = match streamed(&file, &spec) {
+            Streamed::Done(v) => v,
+            Streamed::Fallback(why) => panic!("capacity {capacity:?}: not streamed: {why}"),
+        };
         let want = in_memory(&snap, &spec);
         assert_same(&want[0], &got[0], &format!("capacity {capacity:?}"));
     }
@@ -391,7 +397,10 @@ fn synthetic_workloads_stream_to_the_in_memory_answer() {
             for (label, rs) in specs(None, peak) {
                 let what = format!("{name}, {label}");
                 let want = in_memory(&snap, &rs);
-                let Streamed::Done(got) = streamed(&file, &rs) else { panic!("{what}: not streamed") };
+                let got = match streamed(&file, &rs) {
+                    Streamed::Done(v) => v,
+                    Streamed::Fallback(why) => panic!("{what}: not streamed: {why}"),
+                };
                 assert_eq!(want.len(), got.len(), "{what}");
                 for (a, b) in want.iter().zip(&got) {
                     assert_same(a, b, &what);

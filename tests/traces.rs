@@ -153,21 +153,20 @@ fn check_what_if(base: &Recorded, real: &Recorded) -> Vec<String> {
     errors
 }
 
-/// The reference traces beside the checkout (`../shared/traces`); skipped with a note where absent.
+#[path = "support/reference.rs"]
+mod reference;
+
+/// The reference traces beside the checkout (`../shared/traces`); skipped with a note where
+/// absent, unless required (`ALLOCSIM_REQUIRE_SHARED=1`).
 fn shared_traces() -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("note: {} not found; skipping the shared reference traces", dir.display());
-        None
-    }
+    reference::shared(Path::new(env!("CARGO_MANIFEST_DIR")), "traces")
 }
 
 #[test]
 fn shared_traces_self_replays_are_exact() {
     let Some(dir) = shared_traces() else { return };
     let runs = runs_in(&dir);
+    reference::expect_count("shared runs", runs.len(), reference::SHARED_TRACE_RUNS);
     let errors: Vec<String> = runs.iter().flat_map(|p| check_self(&Recorded::load(p))).collect();
     assert!(errors.is_empty(), "{}", errors.join("\n"));
 }

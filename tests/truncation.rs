@@ -155,13 +155,13 @@ fn repository_traces_cut_anywhere_replay_exactly() {
 
 #[test]
 fn shared_traces_cut_anywhere_replay_exactly() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
-    if !dir.is_dir() {
-        eprintln!("note: {} not found; skipping", dir.display());
-        return;
-    }
+    let Some(dir) = reference::shared(Path::new(env!("CARGO_MANIFEST_DIR")), "traces") else { return };
+    reference::expect_count("shared runs", runs_in(&dir).len(), reference::SHARED_TRACE_RUNS);
     check_dir(&dir);
 }
+
+#[path = "support/reference.rs"]
+mod reference;
 
 #[test]
 fn the_reconstructed_state_is_reported() {

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use allocsim_model::AllocatorConfig;
 use allocsim_replay::Prepared;
+use allocsim_replay::run::Limits;
 use allocsim_trace::{Action, Snapshot, read_trace};
 use allocsim_whatif::fit::{STEP, fit};
 use allocsim_whatif::grid::parse_grid;
@@ -14,14 +15,11 @@ use allocsim_whatif::sweep::sweep;
 
 const H200: u64 = 150_109_880_320;
 
+#[path = "support/reference.rs"]
+mod reference;
+
 fn shared() -> Option<PathBuf> {
-    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
-    if d.is_dir() {
-        Some(d)
-    } else {
-        eprintln!("note: {} not found; skipping", d.display());
-        None
-    }
+    reference::shared(Path::new(env!("CARGO_MANIFEST_DIR")), "traces")
 }
 
 fn meta(path: &Path) -> serde_json::Value {
@@ -55,6 +53,7 @@ fn sweeps_over_the_default_run_contain_every_recorded_outcome() {
     let Some(dir) = shared() else { return };
     let mut runs: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.to_str().unwrap().ends_with(".pickle.gz")).collect();
     runs.sort();
+    reference::expect_count("shared runs", runs.len(), reference::SHARED_TRACE_RUNS);
     let mut failures = Vec::new();
     let mut asked = 0;
     for path in &runs {
@@ -73,7 +72,7 @@ fn sweeps_over_the_default_run_contain_every_recorded_outcome() {
         let prepared = Prepared::new(&read_trace(&base).unwrap(), None, H200, None).unwrap();
         // One grid axis holding exactly the recorded config.
         let points = parse_grid("", conf).unwrap();
-        let rows = sweep(&prepared, &points, cap(&m), 8, &|| {});
+        let rows = sweep(&prepared, &points, &Limits::capacity(cap(&m)), 8, &|| {});
         let row = &rows[0];
         asked += 1;
         let inf = u64::MAX;
@@ -163,10 +162,10 @@ fn shared_sweep_replays_equal_separate_ones() {
                     v.sort_by(|a: &(String, _), b| a.0.cmp(&b.0));
                     v
                 };
-                let shared = sweep_with(&prepared, &points, capacity, 4, true, &|| {});
+                let shared = sweep_with(&prepared, &points, &Limits::capacity(capacity), 4, true, &|| {});
                 shared_outcomes += shared.iter().flat_map(|r| &r.outcomes).filter(|o| o.same_as.is_some()).count();
                 total += shared.iter().map(|r| r.outcomes.len()).sum::<usize>();
-                let separate = sweep_with(&prepared, &points, capacity, 4, false, &|| {});
+                let separate = sweep_with(&prepared, &points, &Limits::capacity(capacity), 4, false, &|| {});
                 assert_eq!(strip(shared), strip(separate), "{name} under {capacity:?}");
             }
         }

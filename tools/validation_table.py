@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The validation table of issue 5: every workload trace x allocator configs, real PyTorch vs allocsim.
+"""The validation table (docs/validation-table.md): every workload trace x allocator configs, real PyTorch vs allocsim.
 
     python3 tools/validation_table.py run --bin BIN --out DIR [--traces DIR ...] [--jobs 7]
                                           [--gpu-budget-gib 120] [--deadline-s 400] [--only SUBSTR]

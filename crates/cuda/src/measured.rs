@@ -110,6 +110,9 @@ impl<D: Device> Device for Measured<D> {
     fn mem_get_info(&self) -> (u64, u64) {
         self.inner.mem_get_info()
     }
+    fn set_outside_memory(&mut self, bytes: u64) {
+        self.inner.set_outside_memory(bytes)
+    }
 }
 
 /// A segment event whose measured move of used memory differs from the model's reserved delta, or

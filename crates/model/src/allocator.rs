@@ -221,6 +221,29 @@ pub struct CachingAllocator<D: Device> {
     /// would run). While it stays at or below a GC threshold's bytes, garbage collection with that
     /// threshold would return at once, so a replay without it is identical.
     pub peak_total_at_cache_miss: u64,
+    /// When set, every comparison with the allowed maximum (in `alloc_block` and
+    /// `garbage_collect_cached_blocks`) adds the value `v` at which its outcome flips: it goes the
+    /// way a smaller maximum makes it go exactly when `allowed_memory_maximum < v`. A clone shares
+    /// the list, so the trial mallocs a caller makes on clones are included. For inferring an
+    /// unknown maximum from a trace: between two such values, every maximum decides alike.
+    pub limit_probe: Option<LimitProbe>,
+}
+
+/// See [`CachingAllocator::limit_probe`].
+pub type LimitProbe = std::sync::Arc<std::sync::Mutex<Vec<u64>>>;
+
+/// The smallest allowed maximum `a` whose garbage-collection threshold
+/// (`(size_t)(fraction * a)`) is at least `x`.
+fn gc_flip(fraction: f64, x: u64) -> u64 {
+    let thr = |a: u64| (fraction * a as f64) as u64;
+    let mut a = (x as f64 / fraction) as u64;
+    while a > 0 && thr(a - 1) >= x {
+        a -= 1;
+    }
+    while thr(a) < x {
+        a += 1;
+    }
+    a
 }
 
 impl<D: Device> CachingAllocator<D> {
@@ -246,6 +269,7 @@ impl<D: Device> CachingAllocator<D> {
             steps: Vec::new(),
             largest_size_seen: 0,
             peak_total_at_cache_miss: 0,
+            limit_probe: None,
         };
         if let Some(f) = a.config.per_process_memory_fraction {
             a.set_memory_fraction(f);
@@ -394,14 +418,44 @@ impl<D: Device> CachingAllocator<D> {
 
     /// `get_pool(size, stream)`.
     fn get_pool(&mut self, size: u64, route: Route) -> PoolIdx {
+        if let Route::Private(id) = route {
+            self.private_pool(id);
+        }
+        self.pool_of(size, route).expect("the private pool exists")
+    }
+
+    /// The pool `get_pool` picks, without making a private pool that does not exist yet (`None`).
+    fn pool_of(&self, size: u64, route: Route) -> Option<PoolIdx> {
         match route {
-            Route::Default => {
-                if size <= K_SMALL_SIZE { SMALL_POOL } else { LARGE_POOL }
-            }
+            Route::Default => Some(if size <= K_SMALL_SIZE { SMALL_POOL } else { LARGE_POOL }),
             Route::Private(id) => {
-                let i = self.private_pool(id) as usize;
-                if size <= K_SMALL_SIZE { self.private_pools[i].small } else { self.private_pools[i].large }
+                let pp = self.private_pools.iter().find(|p| p.id == id)?;
+                Some(if size <= K_SMALL_SIZE { pp.small } else { pp.large })
             }
+        }
+    }
+
+    /// Whether `malloc(orig_size, stream)` would be served from the cache (`get_free_block` finds
+    /// a block), so that it makes no device call and no comparison with the allowed maximum.
+    /// Changes nothing.
+    pub fn finds_cached_block(&self, orig_size: u64, stream: u64, route: Route) -> bool {
+        let size = self.config.round_size(orig_size);
+        let Some(pool) = self.pool_of(size, route) else { return false };
+        let p = AllocParams {
+            size,
+            stream,
+            pool,
+            alloc_size: self.config.get_allocation_size(size),
+            is_expandable_segments_active: self.config.expandable_segments,
+            block: NIL,
+        };
+        self.find_free_block(&p).is_some()
+    }
+
+    /// Notes a comparison with the allowed maximum for [`Self::limit_probe`].
+    fn note_limit(&self, flips_below: u64) {
+        if let Some(probe) = &self.limit_probe {
+            probe.lock().expect("limit probe").push(flips_below);
         }
     }
 
@@ -499,13 +553,24 @@ impl<D: Device> CachingAllocator<D> {
     /// `get_free_block`: best fit on (stream, size, address), looking at the first candidate only.
     fn get_free_block(&mut self, p: &mut AllocParams) -> bool {
         let gc_clock = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
-        let pool = &mut self.pools[p.pool as usize];
         if gc_clock {
-            pool.get_free_blocks_call_count += 1;
+            self.pools[p.pool as usize].get_free_blocks_call_count += 1;
         }
+        match self.find_free_block(p) {
+            Some(it) => {
+                p.block = it;
+                self.erase_from_blocks(it);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The block `get_free_block` hands out, if any (the search alone, changing nothing).
+    fn find_free_block(&self, p: &AllocParams) -> Option<BlockId> {
         let pool = &self.pools[p.pool as usize];
         let mut range = pool.blocks.range_from(p.stream, p.size, 0);
-        let Some((_, _, first)) = range.next() else { return false };
+        let (_, _, first) = range.next()?;
         let mut it = first;
         if self.b(it).expandable_segment.is_some() {
             if p.is_expandable_segments_active {
@@ -528,25 +593,20 @@ impl<D: Device> CachingAllocator<D> {
                         break;
                     }
                 }
-                match found {
-                    Some(n) => it = n,
-                    None => return false,
-                }
+                it = found?;
             }
         }
         let max_split = self.config.max_split_size;
         let bsize = self.b(it).size;
         // Do not return an oversized block for a large request
         if p.size < max_split && bsize >= max_split {
-            return false;
+            return None;
         }
         // Allow oversized block size to be rounded up but within a limit
         if p.size >= max_split && bsize >= p.size.saturating_add(self.config.max_non_split_rounding_size) {
-            return false;
+            return None;
         }
-        p.block = it;
-        self.erase_from_blocks(it);
-        true
+        Some(it)
     }
 
     /// `should_split`.
@@ -731,6 +791,9 @@ impl<D: Device> CachingAllocator<D> {
         let size = p.alloc_size;
         if is_retry {
             self.stats.num_alloc_retries += 1;
+        }
+        if self.allowed_memory_maximum.is_some() {
+            self.note_limit(self.total_allocated_memory + size);
         }
         if let Some(allowed) = self.allowed_memory_maximum
             && self.total_allocated_memory + size > allowed {
@@ -928,7 +991,11 @@ impl<D: Device> CachingAllocator<D> {
     /// `garbage_collect_cached_blocks`: free old unsplit large blocks until below the threshold.
     fn garbage_collect_cached_blocks(&mut self) {
         let allowed = self.allowed_memory_maximum.expect("GC runs only with a memory fraction");
-        let gc_threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
+        let fraction = self.config.garbage_collection_threshold;
+        let gc_threshold = (fraction * allowed as f64) as u64;
+        if self.limit_probe.is_some() {
+            self.note_limit(gc_flip(fraction, self.total_allocated_memory));
+        }
         if self.total_allocated_memory <= gc_threshold {
             return;
         }
@@ -948,8 +1015,16 @@ impl<D: Device> CachingAllocator<D> {
         if freeable_block_count == 0 {
             return;
         }
+        let total_at_start = self.total_allocated_memory;
         let mut block_freed = true;
-        while gc_reclaimed < target_size && block_freed && freeable_block_count > 0 {
+        loop {
+            if self.limit_probe.is_some() {
+                // gc_reclaimed < target_size, that is: threshold < total at start − gc_reclaimed
+                self.note_limit(gc_flip(fraction, total_at_start - gc_reclaimed));
+            }
+            if !(gc_reclaimed < target_size && block_freed && freeable_block_count > 0) {
+                break;
+            }
             let age_threshold = total_age as f64 / freeable_block_count as f64;
             block_freed = false;
             let all: Vec<BlockId> = self.pools[LARGE_POOL as usize].blocks.values().collect();

@@ -21,6 +21,10 @@ pub trait Device {
     fn unmap(&mut self, ptr: u64, size: u64);
     /// `cudaMemGetInfo`: (free, total).
     fn mem_get_info(&self) -> (u64, u64);
+    /// Device memory held outside this allocator from now on (the CUDA context, other processes,
+    /// library workspaces): what `malloc` and `map` can get is the total less this and less what
+    /// the allocator holds. A real device knows its own; the default ignores it.
+    fn set_outside_memory(&mut self, _bytes: u64) {}
 }
 
 /// How a simulated device chooses the address of a new segment.
@@ -54,11 +58,13 @@ fn occupied(live: &BTreeMap<u64, u64>, addr: u64, size: u64) -> bool {
     }
 }
 
-/// A simulated GPU: `total` bytes of memory and a placement policy for addresses.
+/// A simulated GPU: `total` bytes of memory, of which `outside` are held outside the allocator
+/// (changing over time as the caller says), and a placement policy for addresses.
 #[derive(Clone, Debug)]
 pub struct SimDevice {
     total: u64,
     used: u64,
+    outside: u64,
     placement: Placement,
     /// Live address ranges (segments and reservations): start → end.
     live: BTreeMap<u64, u64>,
@@ -93,6 +99,7 @@ impl SimDevice {
         SimDevice {
             total,
             used: 0,
+            outside: 0,
             placement,
             live: BTreeMap::new(),
             recorded_by_size,
@@ -108,6 +115,14 @@ impl SimDevice {
     }
     pub fn used(&self) -> u64 {
         self.used
+    }
+    /// Bytes held outside the allocator ([`Device::set_outside_memory`]).
+    pub fn outside(&self) -> u64 {
+        self.outside
+    }
+    /// Whether `size` more bytes fit beside what the allocator and others hold.
+    fn fits(&self, size: u64) -> bool {
+        self.used.saturating_add(self.outside).saturating_add(size) <= self.total
     }
 
     fn occupied(&self, addr: u64, size: u64) -> bool {
@@ -188,7 +203,7 @@ impl SimDevice {
 
 impl Device for SimDevice {
     fn malloc(&mut self, size: u64) -> Option<u64> {
-        if self.used.saturating_add(size) > self.total {
+        if !self.fits(size) {
             return None;
         }
         self.used += size;
@@ -218,7 +233,7 @@ impl Device for SimDevice {
         self.live.remove(&base);
     }
     fn map(&mut self, _ptr: u64, size: u64) -> bool {
-        if self.used.saturating_add(size) > self.total {
+        if !self.fits(size) {
             return false;
         }
         self.used += size;
@@ -228,6 +243,9 @@ impl Device for SimDevice {
         self.used -= size;
     }
     fn mem_get_info(&self) -> (u64, u64) {
-        (self.total - self.used, self.total)
+        (self.total.saturating_sub(self.used).saturating_sub(self.outside), self.total)
+    }
+    fn set_outside_memory(&mut self, bytes: u64) {
+        self.outside = bytes;
     }
 }

@@ -406,14 +406,9 @@ fn pool_choice_and_segment_size() {
 
 #[test]
 fn probe1_rounding_and_pools() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/reference/probe-cases/probe1_2.11.json"
-    );
-    let Ok(text) = std::fs::read_to_string(path) else {
-        eprintln!("note: {path} is absent; probe1 check skipped");
-        return;
-    };
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let Some(path) = reference::shared(&repo, "reference/probe-cases/probe1_2.11.json") else { return };
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let probe: serde_json::Value = serde_json::from_str(&text).expect("probe1 JSON");
     let c = parse_ok("");
     let u = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("not an integer: {v}"));
@@ -722,3 +717,6 @@ const RUNTIME_CASES: &[R] = &[
     R { seq: &["large_segment_size_mb:64,max_split_size_mb:100", "max_split_size_mb:30"], results: &[None, Some("ValueError: CachingAllocator option max_split_size_mb too small, must be >= 64")], state: Some(S { source: "max_split_size_mb:30", max_split: 18446744073709551615, gc: 0.0, es: false, threads: 1, release_lock: false, host_register: false, record_stream_reuse: false, roundup: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], large_segment: 67108864 }) },
     R { seq: &["max_non_split_rounding_mb:[1]"], results: &[Some("ValueError: stoull")], state: Some(S { source: "max_non_split_rounding_mb:[1]", max_split: 18446744073709551615, gc: 0.0, es: false, threads: 1, release_lock: false, host_register: false, record_stream_reuse: false, roundup: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], large_segment: 20971520 }) },
 ];
+
+#[path = "../../../tests/support/reference.rs"]
+mod reference;

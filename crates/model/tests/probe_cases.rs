@@ -38,12 +38,17 @@ use allocsim_model::format::oom_message;
 use allocsim_model::{AllocatorConfig, BlockId, CachingAllocator, EventKind, Placement, Route, SimDevice};
 use serde_json::Value;
 
-const PROBE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/reference/probe-cases");
+#[path = "../../../tests/support/reference.rs"]
+mod reference;
+
 const ORACLE_FILES: &[&str] = &["oracle_cases_2.11.json", "oracle_cases_extra_2.11.json"];
 
 /// Cases where the model disagrees with the recorded truth: (case name, diagnosis). The test
 /// reports them but passes. Remove an entry when the model is fixed.
 const KNOWN_FAILURES: &[(&str, &str)] = &[];
+
+/// Cases the model expresses: all but the five that use MemPool / CUDA-graph ops.
+const EXPRESSIBLE_CASES: usize = reference::PROBE_CASES - 5;
 
 /// Ops that make a case inexpressible by the model (see the module docs).
 const UNSUPPORTED_OPS: &[&str] = &["pool_enter", "pool_exit", "pool_del", "graph", "graph_del"];
@@ -54,7 +59,7 @@ const MAX_MISMATCHES: usize = 40;
 type Alloc = CachingAllocator<SimDevice>;
 
 // ---------------------------------------------------------------------------------------------
-// Config: the real parser, or (while `config_parse.rs` is unfinished) a minimal stand-in.
+// Config: the real parser, cross-checked by a minimal stand-in.
 // ---------------------------------------------------------------------------------------------
 
 /// True once `AllocatorConfig::parse` accepts non-empty settings strings.
@@ -66,10 +71,8 @@ fn parser_ready() -> bool {
 /// the probe cases use (spec §11: whitespace dropped; every parse resets `max_split_size`,
 /// `roundup_power2_divisions`, `garbage_collection_threshold` and `max_non_split_rounding_size`
 /// (to `large_segment_size`, parsed in a pre-pass); other keys keep their value).
-/// Used only while `parser_ready()` is false (it was when this test was written; `config_parse.rs`
-/// was being finished concurrently). Once the parser works the test uses `parse`/`apply` and this
-/// stand-in only cross-checks the decision fields they produce.
-/// TODO: drop the fallback path (keep or drop the cross-check) now that the parser is finished.
+/// It cross-checks the decision fields `parse`/`apply` produce, and builds the configs by itself
+/// should `parse` reject non-empty strings (then the `err_*` cases are skipped).
 fn fallback_apply(cfg: &mut AllocatorConfig, conf: &str) -> Result<(), String> {
     let s: String = conf.chars().filter(|c| !c.is_whitespace()).collect();
     let mut items: Vec<(String, String)> = Vec::new();
@@ -648,7 +651,7 @@ fn run_case(case: &Value, use_parser: bool) -> Outcome {
         env.get("PYTORCH_CUDA_ALLOC_CONF").or_else(|| env.get("PYTORCH_ALLOC_CONF")).and_then(|v| v.as_str()).unwrap_or("").to_string();
     let config_error = events.iter().find_map(|ev| ev.get("exception")?.as_str()?.strip_prefix("ValueError: ").map(str::to_string));
     if !use_parser && config_error.is_some() {
-        return Outcome::Skip("config-error case: AllocatorConfig::parse is not finished yet (rejects every non-empty string)".into());
+        return Outcome::Skip("config-error case: AllocatorConfig::parse rejects every non-empty string".into());
     }
     let cfg = if use_parser {
         match (AllocatorConfig::parse(&conf), &config_error) {
@@ -902,16 +905,13 @@ fn run_case(case: &Value, use_parser: bool) -> Outcome {
 
 #[test]
 fn probe_cases_match_the_real_allocator() {
-    let dir = std::path::Path::new(PROBE_DIR);
-    if !dir.is_dir() {
-        println!("note: {PROBE_DIR} is absent; probe-case test skipped");
-        return;
-    }
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let Some(dir) = reference::shared(&repo, "reference/probe-cases") else { return };
     let use_parser = parser_ready();
     if !use_parser {
         println!(
-            "note: AllocatorConfig::parse still rejects non-empty strings; configs are built by the test's stand-in \
-             parser and the err_* cases are skipped (TODO: parse is used automatically once it works)"
+            "note: AllocatorConfig::parse rejects non-empty strings; configs are built by the test's stand-in \
+             parser and the err_* cases are skipped"
         );
     }
     let mut passed = Vec::new();
@@ -941,6 +941,9 @@ fn probe_cases_match_the_real_allocator() {
             }
         }
     }
+    reference::expect_count("probe cases", passed.len() + skipped.len() + known.len() + failed.len(), reference::PROBE_CASES);
+    // Every case but the MemPool / CUDA-graph ones runs.
+    reference::expect_count("probe cases run", passed.len() + known.len() + failed.len(), EXPRESSIBLE_CASES);
     println!(
         "\n=== probe cases: {} passed, {} skipped, {} known failures, {} new failures ===",
         passed.len(),

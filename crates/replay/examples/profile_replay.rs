@@ -27,7 +27,13 @@ fn main() {
 #[allow(dead_code)]
 fn sizes(p: &Prepared) {
     use allocsim_replay::replay::{EmptyCacheCalls, ReplayOptions, replay_observed};
-    let opts = ReplayOptions { config: p.own.clone(), capacity: None, device_memory: p.device_memory, placement: p.recorded_placement() };
+    let opts = ReplayOptions {
+        config: p.own.clone(),
+        capacity: None,
+        device_memory: p.device_memory,
+        placement: p.recorded_placement(),
+        outside: Default::default(),
+    };
     let dev = allocsim_model::SimDevice::new(opts.device_memory, opts.placement.clone());
     let mut hist = std::collections::BTreeMap::new();
     let flags = EmptyCacheCalls::Given(&p.empty_cache);

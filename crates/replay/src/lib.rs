@@ -2,6 +2,7 @@
 //! the model ([`replay`]), answers one replay question end to end ([`run`]; in one pass over a
 //! stream of entries, in memory bounded by the live set: [`stream`]), and checks a replay against
 //! its recording ([`validate`]).
+pub mod budget;
 pub mod live;
 pub mod oom;
 pub mod check;
@@ -16,7 +17,8 @@ pub mod validate;
 pub mod version;
 
 pub use program::{Op, Program, Request};
-pub use replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, plausible_placements, recorded_placement, replay, replay_observed, replay_on};
+pub use budget::{Budget, BudgetKind};
+pub use replay::{EmptyCacheCalls, OutsideMemory, ReplayOptions, ReplayOutcome, plausible_placements, recorded_placement, replay, replay_observed, replay_on};
 pub use run::{Prepared, ReplaySpec, ReplaySummary, Replayed, RunError, recorded_config, run};
 pub use validate::{Validation, validate};
 pub use version::TorchVersion;

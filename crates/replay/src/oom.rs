@@ -63,16 +63,25 @@ pub fn outside_memory_from_ooms(trace: &[TraceEntry], device_memory: u64) -> Opt
 }
 
 /// `device_free` for the OOM message of a replayed OOM. Under the trace's own settings, at a
-/// request the trace recorded as an OOM, it is the recorded value. At a recorded OOM under other
-/// settings, the recorded value corrected by the difference in reserved memory. Elsewhere, the
-/// device minus the memory outside the allocator (from the trace's OOMs, else a measured default)
-/// minus what the model reserved.
-pub fn device_free_estimate(trace: &[TraceEntry], req: &Request, oom: &OutOfMemory, own_settings: bool, device_memory: u64) -> u64 {
+/// request the trace recorded as an OOM, it is the recorded value. Where the simulated device held
+/// the memory outside the allocator (`simulated_outside`: a device-full budget), its own figure.
+/// At a recorded OOM under other settings, the recorded value corrected by the difference in
+/// reserved memory. Elsewhere, the device minus the memory outside the allocator (from the trace's
+/// OOMs, else a measured default) minus what the model reserved.
+pub fn device_free_estimate(
+    trace: &[TraceEntry],
+    req: &Request,
+    oom: &OutOfMemory,
+    own_settings: bool,
+    device_memory: u64,
+    simulated_outside: bool,
+) -> u64 {
     device_free_with(
         req,
         oom,
         own_settings,
         device_memory,
+        simulated_outside,
         || recorded_reserved_before(trace, req.trace_index as usize),
         || outside_memory_from_ooms(trace, device_memory),
     )
@@ -81,18 +90,23 @@ pub fn device_free_estimate(trace: &[TraceEntry], req: &Request, oom: &OutOfMemo
 /// [`device_free_estimate`] given the bytes the trace had reserved before the request's entry
 /// ([`recorded_reserved_before`]) and the memory outside the allocator
 /// ([`outside_memory_from_ooms`]), each asked for only when needed.
+#[allow(clippy::too_many_arguments)]
 pub fn device_free_with(
     req: &Request,
     oom: &OutOfMemory,
     own_settings: bool,
     device_memory: u64,
+    simulated_outside: bool,
     recorded_reserved: impl FnOnce() -> u64,
     outside: impl FnOnce() -> Option<u64>,
 ) -> u64 {
+    if req.recorded_oom && own_settings {
+        return req.recorded_addr;
+    }
+    if simulated_outside {
+        return oom.device_free;
+    }
     if req.recorded_oom {
-        if own_settings {
-            return req.recorded_addr;
-        }
         return req.recorded_addr.saturating_add(recorded_reserved()).saturating_sub(oom.reserved_bytes);
     }
     let outside = outside().unwrap_or(DEFAULT_OUTSIDE_MEMORY);

@@ -17,6 +17,32 @@ pub struct ReplayOptions {
     /// The device's total memory (`totalGlobalMem`).
     pub device_memory: u64,
     pub placement: Placement,
+    /// Device memory held outside the allocator over the replay (empty: none).
+    pub outside: OutsideMemory,
+}
+
+/// Device memory held outside the allocator (CUDA context, other processes, library workspaces),
+/// as a step function of the request ordinal: from each step's request on, its bytes, until the
+/// next step. Before the first step: the first step's bytes. Empty: none at all.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OutsideMemory {
+    /// (first request, bytes), in increasing request order.
+    pub steps: Vec<(u32, u64)>,
+}
+
+impl OutsideMemory {
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+    /// Bytes held outside the allocator at request `req`.
+    pub fn at(&self, req: u32) -> u64 {
+        let i = self.steps.partition_point(|&(r, _)| r <= req);
+        self.steps[i.saturating_sub(1)].1
+    }
+    /// The most held at any time (0 if none).
+    pub fn max(&self) -> u64 {
+        self.steps.iter().map(|s| s.1).max().unwrap_or(0)
+    }
 }
 
 /// Where the `empty_cache()` calls are (the trace does not record them), and which cross-stream
@@ -113,10 +139,10 @@ pub trait Ahead {
 }
 
 /// A whole [`Program`] and its trace, at op `oi`.
-struct ProgramAhead<'a> {
-    program: &'a Program,
-    trace: &'a [TraceEntry],
-    oi: usize,
+pub(crate) struct ProgramAhead<'a> {
+    pub(crate) program: &'a Program,
+    pub(crate) trace: &'a [TraceEntry],
+    pub(crate) oi: usize,
 }
 
 impl Ahead for ProgramAhead<'_> {
@@ -385,8 +411,10 @@ pub struct Step {
 
 /// The allocator driven op by op: the one implementation of each op, for a whole [`Program`]
 /// ([`replay_observed`]) and for a stream (`crate::stream`).
+#[derive(Clone)]
 pub struct Stepper<D: Device, S: Slots> {
     pub alloc: CachingAllocator<D>,
+    outside: OutsideMemory,
     slots: S,
     pre_blocks: Vec<Option<BlockId>>,
     pre_tokens: Vec<Option<u64>>,
@@ -422,6 +450,7 @@ impl<D: Device, S: Slots> Stepper<D, S> {
         let npre = initial.map_or(0, |s| s.blocks.len());
         let mut st = Stepper {
             alloc,
+            outside: opts.outside.clone(),
             slots,
             pre_blocks: vec![None; npre],
             pre_tokens: vec![None; npre],
@@ -460,6 +489,11 @@ impl<D: Device, S: Slots> Stepper<D, S> {
 
     pub fn step(&mut self, op: Op, request: Option<&Request>, is_empty_cache: impl FnOnce(&CachingAllocator<D>) -> bool) -> Step {
         let mut step = Step::default();
+        if !self.outside.is_empty() {
+            // What others hold when the next malloc (this one, or the one these ops precede) runs.
+            let req = if let Op::Malloc(q) = op { q } else { self.next_request };
+            self.alloc.device.set_outside_memory(self.outside.at(req));
+        }
         let alloc = &mut self.alloc;
         match op {
             Op::Malloc(req) => {
@@ -536,6 +570,11 @@ impl<D: Device, S: Slots> Stepper<D, S> {
     /// OOMs so far.
     pub fn ooms(&self) -> &[Oom] {
         &self.ooms
+    }
+
+    /// Segment events so far.
+    pub fn segment_events(&self) -> &[SegmentEvent] {
+        &self.segment_events
     }
 
     /// The outcome (`flags` and `addresses` as the caller kept them, or empty).

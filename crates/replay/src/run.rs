@@ -4,25 +4,26 @@
 //! calls are inferred by replaying under the trace's own settings, then applied under the
 //! requested config; `--addresses-from` and `--placements` choose the device's addresses.
 
-use allocsim_model::constants::H200_TOTAL_MEMORY;
 use allocsim_model::AllocatorConfig;
 use allocsim_model::Placement;
 use allocsim_trace::{Annotation, EntryMeta, Frame, RecordedSettings, Snapshot, SnapshotSegment, TraceEntry};
 
+use crate::budget::{Budget, DeviceMemory};
 use crate::program::{Program, Request};
 use crate::restore::InitialState;
 use crate::version::TorchVersion;
-use crate::replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, plausible_placements_from, recorded_placement_from, replay};
+use crate::replay::{EmptyCacheCalls, OutsideMemory, ReplayOptions, ReplayOutcome, plausible_placements_from, recorded_placement_from, replay};
 
 /// What to replay, and how.
 #[derive(Clone, Debug)]
 pub struct ReplaySpec<'a> {
     /// A `PYTORCH_CUDA_ALLOC_CONF` string; `None`: the settings recorded in the snapshot.
     pub config: Option<String>,
-    /// The allowed maximum in bytes (`set_per_process_memory_fraction`).
+    /// The allowed maximum in bytes (`set_per_process_memory_fraction`); `None`: the trace's own
+    /// budget, inferred from it (`crate::budget`).
     pub capacity: Option<u64>,
-    /// The device's total memory.
-    pub device_memory: u64,
+    /// The device's total memory; `None`: as the trace shows it, else an H200's.
+    pub device_memory: Option<u64>,
     /// The allowed maximum the trace was recorded under; default: `capacity` when replaying under
     /// the trace's own settings.
     pub trace_capacity: Option<u64>,
@@ -62,7 +63,7 @@ impl Default for ReplaySpec<'_> {
         ReplaySpec {
             config: None,
             capacity: None,
-            device_memory: H200_TOTAL_MEMORY,
+            device_memory: None,
             trace_capacity: None,
             addresses_from: None,
             placements: None,
@@ -102,6 +103,8 @@ pub struct Replayed {
     pub segments: Vec<SnapshotSegment>,
     /// Whether the replay ran under the trace's own settings and allowed maximum.
     pub own_settings: bool,
+    /// The memory budget the trace was recorded under (inferred, or as given).
+    pub budget: Budget,
 }
 
 impl Replayed {
@@ -119,6 +122,7 @@ impl Replayed {
         let mut at = 0usize;
         let mut outside: Option<Option<u64>> = None;
         let mut oom_requests = Vec::with_capacity(self.outcome.ooms.len());
+        let simulated_outside = !self.options.outside.is_empty();
         for o in &self.outcome.ooms {
             let req = self.program.requests[o.request as usize];
             let free = crate::oom::device_free_with(
@@ -126,6 +130,7 @@ impl Replayed {
                 &o.info,
                 self.own_settings,
                 device_memory,
+                simulated_outside,
                 || {
                     let to = (req.trace_index as usize).min(self.trace.len());
                     for e in &self.trace[at.min(to)..to] {
@@ -150,6 +155,7 @@ impl Replayed {
             reconstruct_error: self.program.reconstruct_error,
             placements: self.placements,
             streamed: false,
+            budget: Some(self.budget),
         }
     }
 }
@@ -179,6 +185,9 @@ pub struct ReplaySummary {
     pub placements: Vec<(String, ReplayOutcome)>,
     /// Replayed in one pass over a stream of entries.
     pub streamed: bool,
+    /// The trace's memory budget (not inferred when streamed: a stream that needs one is
+    /// replayed in memory).
+    pub budget: Option<Budget>,
 }
 
 /// The settings the snapshot was recorded under.
@@ -234,9 +243,12 @@ pub struct Prepared {
     pub program: Program,
     /// The settings the trace was recorded under.
     pub own: AllocatorConfig,
-    /// The allowed maximum the trace was recorded under (as the caller knows it).
+    /// The allowed maximum the trace was recorded under (given, or the one inferred).
     pub trace_capacity: Option<u64>,
     pub device_memory: u64,
+    /// The memory budget the trace was recorded under: given (`trace_capacity`), or inferred from
+    /// its OOM entries and segment events (`crate::budget`).
+    pub budget: Budget,
     /// One flag per op: an `empty_cache()` call.
     pub empty_cache: Vec<bool>,
     /// The replay under the trace's own settings, addresses and allowed maximum.
@@ -250,16 +262,34 @@ pub struct Prepared {
     pub annotations: Vec<Annotation>,
 }
 
+/// The allowed maximum and the memory held outside the allocator, for one replay.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub capacity: Option<u64>,
+    pub outside: OutsideMemory,
+}
+
+impl Limits {
+    /// This allowed maximum (or none) and nothing outside the allocator.
+    pub fn capacity(capacity: Option<u64>) -> Limits {
+        Limits { capacity, outside: OutsideMemory::default() }
+    }
+}
+
 impl Prepared {
+    /// Prepares device `device` (default: the first with entries) of `snap` on a device of
+    /// `device_memory` bytes. `trace_capacity`: the allowed maximum the trace was recorded under;
+    /// `None`: inferred from the trace with the memory outside the allocator (`crate::budget`).
     pub fn new(snap: &Snapshot, device: Option<usize>, device_memory: u64, trace_capacity: Option<u64>) -> Result<Prepared, RunError> {
-        Prepared::new_for(snap, device, device_memory, trace_capacity, TorchVersion::DEFAULT)
+        Prepared::new_for(snap, device, Some(device_memory), trace_capacity, TorchVersion::DEFAULT)
     }
 
-    /// [`Prepared::new`] under the rules of PyTorch `version`.
+    /// [`Prepared::new`] under the rules of PyTorch `version`; `device_memory` `None`: as the
+    /// trace shows it, else an H200's.
     pub fn new_for(
         snap: &Snapshot,
         device: Option<usize>,
-        device_memory: u64,
+        device_memory: Option<u64>,
         trace_capacity: Option<u64>,
         version: TorchVersion,
     ) -> Result<Prepared, RunError> {
@@ -272,15 +302,32 @@ impl Prepared {
         let segments: Vec<_> = snap.segments.iter().filter(|s| s.device == device as i64).cloned().collect();
         crate::check::check_trace(device, &trace, &segments)?;
         let own = recorded_config_for(snap, version)?;
+        let memory = match device_memory {
+            Some(d) => DeviceMemory::given(d),
+            None => crate::budget::infer_device_memory(&trace, &segments, own.large_segment_size),
+        };
+        let device_memory = memory.bytes;
         let mut program = Program::build_with(&trace, &segments, &own, device_memory);
+        let placement = recorded_placement_from(&trace, device_memory, program.initial.as_ref());
         let opts = ReplayOptions {
             config: own.clone(),
             capacity: trace_capacity,
             device_memory,
-            placement: recorded_placement_from(&trace, device_memory, program.initial.as_ref()),
+            placement: placement.clone(),
+            outside: OutsideMemory::default(),
         };
         crate::settle::settle_block_sizes(&mut program, &trace, &opts, 32);
-        let own_outcome = replay(&program, &opts, EmptyCacheCalls::Infer(&trace));
+        let (budget, outcome) = match trace_capacity {
+            Some(c) => (Budget::given(c, memory), None),
+            None => crate::budget::infer(&trace, &program, &own, memory, &placement),
+        };
+        let own_outcome = match outcome {
+            Some(o) => o,
+            None => {
+                let opts = ReplayOptions { capacity: budget.capacity(), outside: budget.outside.clone(), ..opts };
+                replay(&program, &opts, EmptyCacheCalls::Infer(&trace))
+            }
+        };
         Ok(Prepared {
             device,
             empty_cache: own_outcome.empty_cache.clone(),
@@ -288,8 +335,9 @@ impl Prepared {
             segments,
             program,
             own,
-            trace_capacity,
+            trace_capacity: budget.capacity(),
             device_memory,
+            budget,
             own_outcome,
             stacks: snap.stacks.clone(),
             entry_metas: snap.entry_metas.clone(),
@@ -297,15 +345,46 @@ impl Prepared {
         })
     }
 
+    /// The limits a replay runs under: `capacity` when given (and nothing held outside the
+    /// allocator), else the trace's own budget.
+    pub fn limits(&self, capacity: Option<u64>) -> Limits {
+        match capacity {
+            Some(_) => Limits::capacity(capacity),
+            None => Limits { capacity: self.budget.capacity(), outside: self.budget.outside.clone() },
+        }
+    }
+
+    /// The trace's own budget with the allowed maximum at `capacity` (an end of an inferred
+    /// interval).
+    pub fn limits_at(&self, capacity: u64) -> Limits {
+        Limits { capacity: Some(capacity), outside: self.budget.outside.clone() }
+    }
+
+    /// The options of a replay under `config` and `limits` with `placement`.
+    pub fn options(&self, config: &AllocatorConfig, limits: &Limits, placement: Placement) -> ReplayOptions {
+        ReplayOptions {
+            config: config.clone(),
+            capacity: limits.capacity,
+            device_memory: self.device_memory,
+            placement,
+            outside: limits.outside.clone(),
+        }
+    }
+
     /// The trace's own segment addresses.
     pub fn recorded_placement(&self) -> Placement {
         recorded_placement_from(&self.trace, self.device_memory, self.program.initial.as_ref())
     }
 
-    /// Replays under `config` and `capacity` on a simulated device with `placement`.
+    /// Replays under `config` and exactly `capacity` (nothing held outside the allocator) on a
+    /// simulated device with `placement`.
     pub fn replay(&self, config: &AllocatorConfig, capacity: Option<u64>, placement: Placement) -> ReplayOutcome {
-        let opts = ReplayOptions { config: config.clone(), capacity, device_memory: self.device_memory, placement };
-        replay(&self.program, &opts, EmptyCacheCalls::Given(&self.empty_cache))
+        self.replay_under(config, &Limits::capacity(capacity), placement)
+    }
+
+    /// Replays under `config` and `limits` on a simulated device with `placement`.
+    pub fn replay_under(&self, config: &AllocatorConfig, limits: &Limits, placement: Placement) -> ReplayOutcome {
+        replay(&self.program, &self.options(config, limits, placement), EmptyCacheCalls::Given(&self.empty_cache))
     }
 
     /// The `n` plausible placements `--placements n` replays under.
@@ -313,9 +392,14 @@ impl Prepared {
         plausible_placements_from(&self.trace, self.device_memory, n, self.program.initial.as_ref())
     }
 
-    /// Whether `config` and `capacity` are the trace's own.
+    /// Whether `config` and `capacity` (as [`Prepared::limits`] takes it) are the trace's own.
     pub fn is_own(&self, config: &AllocatorConfig, capacity: Option<u64>) -> bool {
-        same_settings(config, &self.own) && capacity == self.trace_capacity
+        self.is_own_under(config, &self.limits(capacity))
+    }
+
+    /// Whether `config` and `limits` are the trace's own.
+    pub fn is_own_under(&self, config: &AllocatorConfig, limits: &Limits) -> bool {
+        same_settings(config, &self.own) && limits.capacity == self.trace_capacity && limits.outside == self.budget.outside
     }
 
     /// The stack recorded for request `req` (innermost first; empty when none was recorded).
@@ -342,18 +426,19 @@ pub fn run(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Replayed, RunError>
     let placement = match spec.addresses_from {
         Some(other) => recorded_placement_from(
             other.device_traces.get(prepared.device).map_or(&[], |v| v.as_slice()),
-            spec.device_memory,
+            prepared.device_memory,
             prepared.program.initial.as_ref(),
         ),
         None => prepared.recorded_placement(),
     };
-    let own_settings = prepared.is_own(&config, spec.capacity);
+    let limits = prepared.limits(spec.capacity);
+    let own_settings = prepared.is_own_under(&config, &limits);
     let outcome = if own_settings && spec.addresses_from.is_none() {
         prepared.own_outcome.clone()
     } else {
-        prepared.replay(&config, spec.capacity, placement.clone())
+        prepared.replay_under(&config, &limits, placement.clone())
     };
-    let options = ReplayOptions { config, capacity: spec.capacity, device_memory: spec.device_memory, placement };
+    let options = prepared.options(&config, &limits, placement);
     let mut placements = Vec::new();
     if let Some(n) = spec.placements {
         let list = prepared.placements(n);
@@ -362,12 +447,13 @@ pub fn run(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Replayed, RunError>
                 .into_iter()
                 .map(|(name, pl)| {
                     let (prepared, options) = (&prepared, &options);
-                    s.spawn(move || (name, prepared.replay(&options.config, options.capacity, pl)))
+                    let limits = Limits { capacity: options.capacity, outside: options.outside.clone() };
+                    s.spawn(move || (name, prepared.replay_under(&options.config, &limits, pl)))
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().expect("placement replay panicked")).collect()
         });
     }
-    let Prepared { device, program, trace, segments, .. } = prepared;
-    Ok(Replayed { device, program, options, outcome, placements, trace, segments, own_settings })
+    let Prepared { device, program, trace, segments, budget, .. } = prepared;
+    Ok(Replayed { device, program, options, outcome, placements, trace, segments, own_settings, budget })
 }

@@ -122,7 +122,8 @@ where
         }
     };
     let trace_capacity = spec.trace_capacity_for(&own, &config);
-    let own_settings = same_settings(&config, &own) && spec.capacity == trace_capacity;
+    // No --capacity: the trace's own (`crate::run::Prepared::limits`).
+    let own_settings = same_settings(&config, &own) && spec.capacity.or(trace_capacity) == trace_capacity;
     let ctx = Ctx { input, spec, own, config, trace_capacity, own_settings };
     let mut cross: Vec<Option<bool>> = Vec::new();
     for _ in 0..2 {
@@ -257,6 +258,7 @@ enum Finished {
 struct DeviceStream<'a> {
     device: usize,
     device_memory: u64,
+    budget: crate::budget::Budget,
     own_settings: bool,
     options: ReplayOptions,
     /// Entries pushed.
@@ -301,15 +303,32 @@ impl<'a> DeviceStream<'a> {
         if check_only {
             segment_entries = &[];
         }
-        let device_memory = ctx.spec.device_memory;
+        let memory = match ctx.spec.device_memory {
+            Some(d) => crate::budget::DeviceMemory::given(d),
+            None => crate::budget::infer_device_memory(segment_entries, &segments, ctx.own.large_segment_size),
+        };
+        let device_memory = memory.bytes;
+        // A stream replays under the budget given or none: one that needs a budget inferred is
+        // replayed in memory (see `crate::budget::streamed_reproduces`).
+        let budget = match ctx.trace_capacity {
+            Some(c) => crate::budget::Budget::given(c, memory),
+            None => crate::budget::Budget::none(memory),
+        };
         let placement = recorded_placement_from(segment_entries, device_memory, None);
         let own_options = ReplayOptions {
             config: ctx.own.clone(),
             capacity: ctx.trace_capacity,
             device_memory,
             placement: placement.clone(),
+            outside: Default::default(),
         };
-        let options = ReplayOptions { config: ctx.config.clone(), capacity: ctx.spec.capacity, device_memory, placement: placement.clone() };
+        let options = ReplayOptions {
+            config: ctx.config.clone(),
+            capacity: ctx.spec.capacity.or(ctx.trace_capacity),
+            device_memory,
+            placement: placement.clone(),
+            outside: Default::default(),
+        };
         let stepper = |o: &ReplayOptions| Stepper::new(o, SimDevice::new(device_memory, o.placement.clone()), MapSlots::default(), &[], None);
         let own = stepper(&own_options);
         let target = (!ctx.own_settings).then(|| stepper(&options));
@@ -317,6 +336,7 @@ impl<'a> DeviceStream<'a> {
         DeviceStream {
             device,
             device_memory,
+            budget,
             own_settings: ctx.own_settings,
             options,
             index: 0,
@@ -429,6 +449,14 @@ impl<'a> DeviceStream<'a> {
         if self.builder.speculated() && seen {
             return Ok((Finished::Again, seen));
         }
+        if self.budget.kind.is_none()
+            && !self.segment_entries.is_empty()
+            && crate::budget::budget_may_explain(self.segment_entries, self.own.segment_events(), !self.reserved_before_oom.is_empty())
+        {
+            // The trace's own replay needs its memory budget inferred, which takes the whole trace.
+            let why = format!("device {}'s own replay needs the memory budget inferred from its whole trace", self.device);
+            return Ok((Finished::Fallback(why), seen));
+        }
         self.own.complete_held();
         let mut reported = match self.target {
             Some(t) => t,
@@ -447,6 +475,7 @@ impl<'a> DeviceStream<'a> {
                     &o.info,
                     self.own_settings,
                     self.device_memory,
+                    false,
                     || reserved.get(&r.trace_index).copied().unwrap_or(0),
                     || recorded.outside(),
                 );
@@ -465,6 +494,7 @@ impl<'a> DeviceStream<'a> {
             reconstruct_error: None,
             placements: Vec::new(),
             streamed: true,
+            budget: Some(self.budget),
         };
         Ok((Finished::Done(Box::new(summary)), seen))
     }

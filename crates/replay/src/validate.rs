@@ -2,7 +2,7 @@
 //! event (in order, with its request), every OOM, every allocation's address, and the final
 //! segments with their blocks.
 
-use allocsim_trace::{Action, BlockState};
+use allocsim_trace::BlockState;
 
 use crate::run::Replayed;
 
@@ -32,22 +32,7 @@ pub struct Validation {
 
 pub fn validate(r: &Replayed) -> Validation {
     let o = &r.outcome;
-    let mut recorded = Vec::new();
-    let mut recorded_ooms = Vec::new();
-    let mut req = 0u32;
-    for e in &r.trace {
-        match e.action {
-            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => {
-                recorded.push((req, e.action.as_str(), e.addr, e.size))
-            }
-            Action::Alloc => req += 1,
-            Action::Oom => {
-                recorded_ooms.push(req);
-                req += 1
-            }
-            _ => {}
-        }
-    }
+    let (recorded, recorded_ooms) = crate::budget::recorded_events(&r.trace);
     let sim: Vec<_> = o.segment_events.iter().map(|e| (e.request, e.action, e.addr, e.size)).collect();
     let show = |x: Option<&(u32, &str, u64, u64)>| {
         x.map_or("nothing".to_string(), |x| format!("{} of {} bytes at {:#x} (request {})", x.1, x.3, x.2, x.0))

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use allocsim_model::allocator::{AllocFailure, MallocStep, OutOfMemory};
 use allocsim_model::format::oom_message;
 use allocsim_model::allocator::CachingAllocator;
-use allocsim_model::{AllocatorConfig, Placement, SimDevice};
-use allocsim_replay::{EmptyCacheCalls, Op, Prepared, Program, ReplayOptions, replay};
+use allocsim_model::{AllocatorConfig, Device, Placement, SimDevice};
+use allocsim_replay::{EmptyCacheCalls, Op, Prepared, Program, replay};
 use allocsim_trace::Frame;
 use allocsim_whatif::fit::fit;
 use rayon::prelude::*;
@@ -68,6 +68,9 @@ pub struct Alternative {
     /// Runs past the explained request without running out of memory there.
     pub avoids: bool,
     pub rejected: Option<String>,
+    /// The allowed maximum is an inferred interval and this outcome (first OOM) differs between
+    /// its ends: the answer depends on where in it the real maximum lies.
+    pub depends_on_allowed_maximum: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -136,7 +139,7 @@ pub struct State {
 /// Replays the first `k` ops of `prepared` under `config` and returns the allocator there.
 pub fn state_before(prepared: &Prepared, config: &AllocatorConfig, capacity: Option<u64>, placement: &Placement, k: usize) -> State {
     let before = truncated(&prepared.program, k);
-    let opts = ReplayOptions { config: config.clone(), capacity, device_memory: prepared.device_memory, placement: placement.clone() };
+    let opts = prepared.options(config, &prepared.limits(capacity), placement.clone());
     let state = replay(&before, &opts, EmptyCacheCalls::Given(&prepared.empty_cache[..k]));
     let live = allocsim_replay::live::live_requests(&before.ops, &state.addresses);
     State { allocator: state.allocator, live }
@@ -157,7 +160,8 @@ pub fn explain(
     at: At,
     candidates: &[&str],
 ) -> Option<Explanation> {
-    let full = prepared.replay(config, capacity, placement.clone());
+    let limits = prepared.limits(capacity);
+    let full = prepared.replay_under(config, &limits, placement.clone());
     let (req, include) = match at {
         At::FirstOom => (full.first_oom()?, false),
         At::Request(n) => (n, false),
@@ -178,6 +182,9 @@ pub fn explain(
     let k = op_index_of_malloc(&prepared.program, req)?;
     let State { allocator: mut alloc, mut live } = state_before(prepared, config, capacity, placement, k);
     alloc.events.clear();
+    if !limits.outside.is_empty() {
+        alloc.device.set_outside_memory(limits.outside.at(req));
+    }
     alloc.record_steps = true;
     let result = alloc.malloc(r.size, r.stream, r.route);
     let steps = std::mem::take(&mut alloc.steps);
@@ -253,27 +260,44 @@ pub fn explain(
     let own = prepared.is_own(config, capacity);
     let message = oom.as_ref().map(|o| {
         let mut m = o.clone();
-        m.device_free = allocsim_replay::oom::device_free_estimate(&prepared.trace, &r, o, own, prepared.device_memory);
+        m.device_free = allocsim_replay::oom::device_free_estimate(&prepared.trace, &r, o, own, prepared.device_memory, !limits.outside.is_empty());
         oom_message(&m, prepared.device as i32, "")
     });
     let step_lines = describe_steps(&steps, usable_largest_block);
-    // What would have worked: the same requests under other settings.
+    // What would have worked: the same requests under other settings (and, where the allowed
+    // maximum is an inferred interval, at its two ends too).
     let base = config.source.clone();
+    let ends = match (capacity, prepared.budget.allowed_low, prepared.budget.allowed_high) {
+        (None, Some(lo), Some(hi)) if prepared.budget.allowed_is_interval() => Some((lo, hi)),
+        _ => None,
+    };
     let mut alternatives: Vec<Alternative> = candidates
         .par_iter()
         .map(|c| {
             let conf = if base.is_empty() { c.to_string() } else { format!("{base},{c}") };
             match AllocatorConfig::parse(&conf) {
-                Err(e) => Alternative { conf: c.to_string(), capacity, first_oom: None, peak_reserved: 0, avoids: false, rejected: Some(e.to_string()) },
+                Err(e) => Alternative {
+                    conf: c.to_string(),
+                    capacity: limits.capacity,
+                    first_oom: None,
+                    peak_reserved: 0,
+                    avoids: false,
+                    rejected: Some(e.to_string()),
+                    depends_on_allowed_maximum: false,
+                },
                 Ok(cfg) => {
-                    let o = prepared.replay(&cfg, capacity, placement.clone());
+                    let o = prepared.replay_under(&cfg, &limits, placement.clone());
+                    let depends = ends.is_some_and(|(lo, hi)| {
+                        [lo, hi].iter().any(|&c| prepared.replay_under(&cfg, &prepared.limits_at(c), placement.clone()).first_oom() != o.first_oom())
+                    });
                     Alternative {
                         conf: c.to_string(),
-                        capacity,
+                        capacity: limits.capacity,
                         first_oom: o.first_oom(),
                         peak_reserved: o.peak_reserved,
                         avoids: o.first_oom().is_none_or(|f| f > req),
                         rejected: None,
+                        depends_on_allowed_maximum: depends,
                     }
                 }
             }
@@ -307,6 +331,58 @@ pub fn explain(
 }
 
 use allocsim_model::format::format_size as fs;
+
+/// Why one OOM happened, in the terms that tell OOMs apart.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct OomCause {
+    pub request: u32,
+    /// The request was recorded as an OOM in the trace.
+    pub recorded_oom: bool,
+    /// `"allowed_maximum"` (the fraction check refused) or `"device_full"` (the device had no room).
+    pub limit: &'static str,
+    /// Enough memory was reserved but unallocated to hold the request, only not in one block it
+    /// could use: fragmentation (else the live tensors themselves left too little room).
+    pub fragmentation: bool,
+    pub size: u64,
+    pub call_site: Option<String>,
+}
+
+impl OomCause {
+    /// The cause in words (without the request).
+    pub fn describe(&self) -> String {
+        let limit = if self.limit == "device_full" { "the device was full" } else { "over the allowed maximum" };
+        if self.fragmentation {
+            format!("{limit}, with enough reserved-but-unallocated memory that no block could use (fragmentation)")
+        } else {
+            format!("{limit}, with too little memory free even counting reserved-but-unallocated (the live tensors)")
+        }
+    }
+    /// Whether two OOMs have the same cause (limit and fragmentation).
+    pub fn same_cause(&self, other: &OomCause) -> bool {
+        self.limit == other.limit && self.fragmentation == other.fragmentation
+    }
+}
+
+/// The cause of every OOM of `outcome`, a replay of `prepared`.
+pub fn oom_causes(prepared: &Prepared, outcome: &allocsim_replay::ReplayOutcome) -> Vec<OomCause> {
+    outcome
+        .ooms
+        .iter()
+        .map(|o| {
+            let i = &o.info;
+            let over_allowed = i.allowed_memory_maximum.is_some_and(|a| i.reserved_bytes + i.alloc_size > a);
+            let unallocated = i.reserved_bytes.saturating_sub(i.allocated_bytes + i.allocated_in_private_pools);
+            OomCause {
+                request: o.request,
+                recorded_oom: prepared.program.requests.get(o.request as usize).is_some_and(|r| r.recorded_oom),
+                limit: if over_allowed || i.device_free >= i.alloc_size { "allowed_maximum" } else { "device_full" },
+                fragmentation: unallocated >= i.rounded_size,
+                size: i.rounded_size,
+                call_site: prepared.call_site(o.request),
+            }
+        })
+        .collect()
+}
 
 /// The allocator's steps in words.
 pub fn describe_steps(steps: &[MallocStep], usable_largest: u64) -> Vec<String> {

@@ -14,7 +14,7 @@ use allocsim_model::allocator::MempoolId;
 use allocsim_model::{AllocatorConfig, Placement, SimDevice};
 use allocsim_replay::live::{block_state, live_requests};
 use allocsim_replay::oom::device_free_estimate;
-use allocsim_replay::{Op, Prepared, ReplayOptions, replay_observed};
+use allocsim_replay::{Op, Prepared, replay_observed};
 use allocsim_trace::{Action, BlockState, RecordedSettings, Snapshot, SnapshotBlock, SnapshotSegment, TraceEntry};
 
 fn settings(config: &AllocatorConfig) -> RecordedSettings {
@@ -34,7 +34,7 @@ fn settings(config: &AllocatorConfig) -> RecordedSettings {
 
 /// Replays `prepared` under `config` and writes the run as a snapshot of device `prepared.device`.
 pub fn simulated_snapshot(prepared: &Prepared, config: &AllocatorConfig, capacity: Option<u64>, placement: &Placement) -> Snapshot {
-    let opts = ReplayOptions { config: config.clone(), capacity, device_memory: prepared.device_memory, placement: placement.clone() };
+    let opts = prepared.options(config, &prepared.limits(capacity), placement.clone());
     let device = SimDevice::new(prepared.device_memory, placement.clone());
     let flags = &prepared.empty_cache;
     // Segment events made by each op: every event bumps num_device_alloc or num_device_free.
@@ -75,7 +75,7 @@ pub fn simulated_snapshot(prepared: &Prepared, config: &AllocatorConfig, capacit
                 match (outcome.addresses[r as usize], oom_at.get(&r)) {
                     (Some(a), _) => trace.push(entry(Action::Alloc, a, q.size, q.stream, time, q.stack, meta)),
                     (None, Some(o)) => {
-                        let free = device_free_estimate(&prepared.trace, q, &o.info, own, prepared.device_memory);
+                        let free = device_free_estimate(&prepared.trace, q, &o.info, own, prepared.device_memory, !opts.outside.is_empty());
                         trace.push(entry(Action::Oom, free, o.info.rounded_size, q.stream, time, q.stack, meta));
                     }
                     (None, None) => {}

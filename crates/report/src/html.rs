@@ -79,10 +79,13 @@ pub fn build(prepared: &Prepared, title: &str, configs: &[(String, AllocatorConf
             let r = &prepared.program.requests[o.request as usize];
             let mut info = o.info.clone();
             let own = prepared.is_own(&run.config, capacity);
-            info.device_free = allocsim_replay::oom::device_free_estimate(&prepared.trace, r, &o.info, own, prepared.device_memory);
+            let simulated_outside = !prepared.limits(capacity).outside.is_empty();
+            info.device_free = allocsim_replay::oom::device_free_estimate(&prepared.trace, r, &o.info, own, prepared.device_memory, simulated_outside);
             oom_messages.push((run.label.clone(), oom_message(&info, prepared.device as i32, "")));
         }
     }
+    // The allowed maximum drawn: the one given, else the trace's own (inferred).
+    let capacity = capacity.or(prepared.budget.capacity());
     Report { title: title.to_string(), capacity, requests: prepared.program.requests.len() as u32, runs, maps, oom_messages }
 }
 

@@ -2,7 +2,7 @@
 //! samples, downsampled for plotting (each point keeps the maximum of its bucket, so peaks stay).
 
 use allocsim_model::{AllocatorConfig, Placement, SimDevice};
-use allocsim_replay::{Op, Prepared, ReplayOptions, ReplayOutcome, replay_observed};
+use allocsim_replay::{Op, Prepared, ReplayOutcome, replay_observed};
 
 use crate::frag::breakdown;
 
@@ -33,7 +33,7 @@ pub fn record(prepared: &Prepared, config: &AllocatorConfig, capacity: Option<u6
     let frag_every = n.div_ceil(200).max(1);
     let mut s = Series::default();
     let mut f = FragSeries::default();
-    let opts = ReplayOptions { config: config.clone(), capacity, device_memory: prepared.device_memory, placement: placement.clone() };
+    let opts = prepared.options(config, &prepared.limits(capacity), placement.clone());
     let device = SimDevice::new(prepared.device_memory, placement.clone());
     let flags = &prepared.empty_cache;
     let mut last_bucket = usize::MAX;

@@ -72,6 +72,7 @@ fn length(args: &[String]) {
         capacity: None,
         device_memory: H200_TOTAL_MEMORY,
         placement: recorded_placement(trace, H200_TOTAL_MEMORY),
+        outside: Default::default(),
     };
     let t2 = Instant::now();
     let out = replay(&program, &opts, EmptyCacheCalls::Infer(trace));
@@ -98,6 +99,7 @@ fn live(args: &[String]) {
             capacity: None,
             device_memory,
             placement: recorded_placement(trace, device_memory),
+            outside: Default::default(),
         };
         // The best of three (the machine is shared).
         let (mut build, mut rep) = (f64::MAX, f64::MAX);

@@ -19,10 +19,10 @@ use common::fixture;
 fn real_traces() -> Vec<PathBuf> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut out = Vec::new();
-    for dir in [root.join("traces"), root.join("../shared/traces")] {
+    let shared = common::reference::shared(&root, "traces");
+    for dir in [Some(root.join("traces")), shared].into_iter().flatten() {
         let Ok(rd) = std::fs::read_dir(&dir) else {
-            eprintln!("note: {} not found; skipping its traces", dir.display());
-            continue;
+            panic!("{} cannot be read", dir.display());
         };
         let mut files: Vec<PathBuf> = rd
             .filter_map(|e| e.ok().map(|e| e.path()))

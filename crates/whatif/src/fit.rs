@@ -98,6 +98,40 @@ pub fn fit(prepared: &Prepared, config: &AllocatorConfig, placement: &Placement)
     }
 }
 
+/// How a fitted allowed maximum compares with the budget the trace itself had.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgainstBudget {
+    /// The trace's budget, wherever in its inferred range, is enough.
+    Fits,
+    /// Not enough anywhere in its range.
+    DoesNotFit,
+    /// Enough for part of the range only: the answer depends on where the real value lies.
+    Depends,
+}
+
+/// Compares the smallest fitting allowed maximum (`fit_lo..=fit_hi` across placements) with the
+/// trace's own budget: its allowed maximum (an interval when inferred), else what the allocator
+/// could have at its first device-full OOM. Returns the verdict and the budget's range; `None`
+/// when the trace had no budget.
+pub fn against_budget(fit_lo: u64, fit_hi: u64, budget: &allocsim_replay::Budget) -> Option<(AgainstBudget, u64, u64)> {
+    let (lo, hi) = match (budget.allowed_low, budget.allowed_high) {
+        (Some(l), Some(h)) => (l, h),
+        _ => {
+            let b = budget.device_full.first()?.available;
+            (b, b)
+        }
+    };
+    let verdict = if fit_hi <= lo {
+        AgainstBudget::Fits
+    } else if fit_lo > hi {
+        AgainstBudget::DoesNotFit
+    } else {
+        AgainstBudget::Depends
+    };
+    Some((verdict, lo, hi))
+}
+
 /// Memory outside the allocator as the trace's OOM entries show it (see `allocsim_replay::oom`).
 pub fn outside_memory_from_ooms(prepared: &Prepared) -> Option<u64> {
     allocsim_replay::oom::outside_memory_from_ooms(&prepared.trace, prepared.device_memory)

@@ -3,6 +3,7 @@
 use allocsim_model::AllocatorConfig;
 use allocsim_model::constants::ROUNDUP_INTERVALS;
 use allocsim_model::{Device, Placement, SimDevice};
+use allocsim_replay::run::Limits;
 use allocsim_replay::{Prepared, ReplayOutcome};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -90,17 +91,17 @@ impl Row {
     }
 }
 
-/// Replays `prepared` under every valid point of the grid and every placement, in parallel, and
-/// returns the rows ranked best first (rejected configs last). `progress` is called once per
+/// Replays `prepared` under every valid point of the grid and every placement, in parallel, under
+/// `limits` ([`Prepared::limits`]), and returns the rows ranked best first (rejected configs last). `progress` is called once per
 /// finished (or shared, see [`sweep_with`]) replay.
 pub fn sweep(
     prepared: &Prepared,
     points: &[GridPoint],
-    capacity: Option<u64>,
+    limits: &Limits,
     placements: usize,
     progress: &(dyn Fn() + Sync),
 ) -> Vec<Row> {
-    sweep_with(prepared, points, capacity, placements, true, progress)
+    sweep_with(prepared, points, limits, placements, true, progress)
 }
 
 /// What a base replay tells about settings it did not have (see [`inert`]).
@@ -192,7 +193,7 @@ fn rounding_classes(all: &[[u64; ROUNDUP_INTERVALS]], sizes: &[u64]) -> Vec<[u64
 pub fn sweep_with(
     prepared: &Prepared,
     points: &[GridPoint],
-    capacity: Option<u64>,
+    limits: &Limits,
     placements: usize,
     share: bool,
     progress: &(dyn Fn() + Sync),
@@ -276,7 +277,7 @@ pub fn sweep_with(
                 };
                 let x = from(gc_base[r], gc_inert).or_else(|| from(split_base[r], split_inert)).or_else(same_placement).unwrap_or_else(|| {
                     let config = &runs[r];
-                    let o = prepared.replay(config, capacity, placement.clone());
+                    let o = prepared.replay_under(config, limits, placement.clone());
                     let calls = o
                         .segment_events
                         .iter()
@@ -347,6 +348,20 @@ pub fn placement_sensitive_pairs(rows: &[Row]) -> Vec<usize> {
         }
     }
     out
+}
+
+/// The configs whose outcome (which placements run out of memory, and where first) differs
+/// between sweeps of the same grid under different limits (the ends of an inferred allowed
+/// maximum): their answer depends on where in it the real maximum lies.
+pub fn depends_on_limits(sweeps: &[&[Row]]) -> Vec<String> {
+    let Some(first) = sweeps.first() else { return Vec::new() };
+    let key = |r: &Row| (r.placements_with_oom(), r.first_oom_range());
+    first
+        .iter()
+        .filter(|r| r.rejected.is_none())
+        .filter(|r| sweeps[1..].iter().any(|s| s.iter().find(|x| x.conf == r.conf).is_none_or(|x| key(x) != key(r))))
+        .map(|r| r.conf.clone())
+        .collect()
 }
 
 /// How many replays `sweep` will run (for a progress bar).

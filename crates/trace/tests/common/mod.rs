@@ -12,22 +12,14 @@ pub fn fixture(rel: &str) -> Vec<u8> {
         .unwrap_or_else(|e| panic!("{}: {e} (run tests/fixtures/gen_fixtures.py)", p.display()))
 }
 
-/// Path of a real trace under the shared folder next to the workspace; `None` (with a note) if absent.
+#[path = "../../../../tests/support/reference.rs"]
+pub mod reference;
+
+/// Path of a real trace under the shared folder next to the workspace; `None` (with a note) if
+/// absent and not required.
 pub fn real_trace(name: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/traces/"
-    ))
-    .join(name);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "note: {} not found; skipping this real-trace check",
-            p.display()
-        );
-        None
-    }
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    reference::shared(&repo, &format!("traces/{name}"))
 }
 
 fn hex(b: &[u8]) -> String {
