@@ -399,6 +399,7 @@ fn replay_json(args: &ReplayArgs, r: &ReplaySummary, all: &[ReplaySummary]) -> V
         "placement_independent": r.options.config.expandable_segments,
         "fragmentation": fragmentation_json(o),
         "budget": r.budget.as_ref().map(|b| b.to_json()),
+        "budget_ends": r.budget_ends,
     })
 }
 
@@ -430,6 +431,22 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayArgs, r: &ReplaySummary) 
                 writeln!(out, "  allowed maximum   {} ({c} bytes)", format_size(c))?;
             }
         }
+    }
+    if let [lo, hi] = r.budget_ends.as_slice() {
+        let at = |e: &allocsim_replay::run::BudgetEnd| match e.first_oom {
+            Some(q) => format!("{} OOMs from request {q}", e.ooms),
+            None => format!("no OOM, peak reserved {}", format_size(e.peak_reserved)),
+        };
+        let same = (lo.first_oom, lo.ooms) == (hi.first_oom, hi.ooms) && (lo.first_oom, lo.ooms) == (o.first_oom(), o.ooms.len());
+        writeln!(
+            out,
+            "  uncertainty       at the ends of the inferred allowed maximum: {} allowed → {}; {} allowed → {}{}",
+            format_size(lo.capacity),
+            at(lo),
+            format_size(hi.capacity),
+            at(hi),
+            if same { " (the same OOMs as replayed)" } else { ": the answer depends on where in that interval the real maximum lies" }
+        )?;
     }
     let peak_res = s.reserved_bytes.all().peak as u64;
     let peak_alloc = s.allocated_bytes.all().peak as u64;

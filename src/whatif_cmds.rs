@@ -356,6 +356,9 @@ pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     };
     let (outside, outside_source) = match (a.reserve, outside_memory_from_ooms(&p)) {
         (Some(r), _) => (r, "given with --reserve"),
+        (None, Some(r)) if !p.budget.device_full.is_empty() => {
+            (r, "from the trace's OOM entries (device_free): the device was full, so this includes what other processes held; --reserve sets it")
+        }
         (None, Some(r)) => (r, "from the trace's OOM entries (device_free)"),
         (None, None) => (DEFAULT_OUTSIDE_MEMORY, "default: CUDA context measured on an H200 with torch 2.11"),
     };

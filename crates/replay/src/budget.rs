@@ -922,7 +922,7 @@ mod tests {
         let r = reservation_size(d, K_LARGE_BUFFER);
         let base = 0x3_0200_0000u64;
         let next = (base + r).div_ceil(RESERVATION_ALIGN) * RESERVATION_ALIGN;
-        let e = |action, addr, size| TraceEntry { action, addr, size, stream: 0, time_us: 0, stack: 0 };
+        let e = |action, addr, size| TraceEntry { action, addr, size, stream: 0, time_us: 0, stack: 0, meta: 0 };
         let trace = vec![e(Action::SegmentMap, base, 20 << 20), e(Action::SegmentMap, next, 2 << 20)];
         let m = infer_device_memory(&trace, &[], K_LARGE_BUFFER);
         assert_eq!(m.bytes, d);

@@ -105,6 +105,18 @@ pub struct Replayed {
     pub own_settings: bool,
     /// The memory budget the trace was recorded under (inferred, or as given).
     pub budget: Budget,
+    /// A replay under other settings with the allowed maximum an inferred interval: the outcome
+    /// at each end of it, to tell whether the answer depends on where in it the real one lies.
+    pub budget_ends: Vec<BudgetEnd>,
+}
+
+/// The outcome of a replay at one end of an inferred allowed maximum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct BudgetEnd {
+    pub capacity: u64,
+    pub first_oom: Option<u32>,
+    pub ooms: usize,
+    pub peak_reserved: u64,
 }
 
 impl Replayed {
@@ -156,6 +168,7 @@ impl Replayed {
             placements: self.placements,
             streamed: false,
             budget: Some(self.budget),
+            budget_ends: self.budget_ends,
         }
     }
 }
@@ -188,6 +201,8 @@ pub struct ReplaySummary {
     /// The trace's memory budget (not inferred when streamed: a stream that needs one is
     /// replayed in memory).
     pub budget: Option<Budget>,
+    /// See [`Replayed::budget_ends`].
+    pub budget_ends: Vec<BudgetEnd>,
 }
 
 /// The settings the snapshot was recorded under.
@@ -454,6 +469,17 @@ pub fn run(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Replayed, RunError>
             handles.into_iter().map(|h| h.join().expect("placement replay panicked")).collect()
         });
     }
+    let mut budget_ends = Vec::new();
+    if !own_settings
+        && spec.capacity.is_none()
+        && prepared.budget.allowed_is_interval()
+        && let (Some(lo), Some(hi)) = (prepared.budget.allowed_low, prepared.budget.allowed_high)
+    {
+        for capacity in [lo, hi] {
+            let o = prepared.replay_under(&options.config, &prepared.limits_at(capacity), options.placement.clone());
+            budget_ends.push(BudgetEnd { capacity, first_oom: o.first_oom(), ooms: o.ooms.len(), peak_reserved: o.peak_reserved });
+        }
+    }
     let Prepared { device, program, trace, segments, budget, .. } = prepared;
-    Ok(Replayed { device, program, options, outcome, placements, trace, segments, own_settings, budget })
+    Ok(Replayed { device, program, options, outcome, placements, trace, segments, own_settings, budget, budget_ends })
 }

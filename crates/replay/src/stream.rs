@@ -495,6 +495,7 @@ impl<'a> DeviceStream<'a> {
             placements: Vec::new(),
             streamed: true,
             budget: Some(self.budget),
+            budget_ends: Vec::new(),
         };
         Ok((Finished::Done(Box::new(summary)), seen))
     }
