@@ -286,3 +286,21 @@ fn recorded_full_devices_and_caps_need_no_flags() {
     }
     assert!(messages >= 20, "{messages} messages compared");
 }
+
+#[path = "support/reference.rs"]
+mod reference;
+
+/// Missing reference data is a note, or a failure when required (`ALLOCSIM_REQUIRE_SHARED=1`, as
+/// `.ci/run` sets it); fewer items than expected always fail.
+#[test]
+fn missing_reference_data_fails_when_required() {
+    let nowhere = std::path::Path::new("/nonexistent/allocsim");
+    let r = std::panic::catch_unwind(|| reference::shared(nowhere, "traces"));
+    if reference::required() {
+        assert!(r.is_err(), "required but missing data did not fail");
+    } else {
+        assert_eq!(r.ok(), Some(None));
+    }
+    assert!(std::panic::catch_unwind(|| reference::expect_count("runs", 31, reference::SHARED_TRACE_RUNS)).is_err());
+    reference::expect_count("runs", reference::SHARED_TRACE_RUNS, reference::SHARED_TRACE_RUNS);
+}
