@@ -1,0 +1,146 @@
+//! `allocsim phases` on real H200 recordings (torch 2.11, `traces/field/`): a small HF Llama
+//! trained with AdamW for 16 steps of variable sequence length, whose recording script read
+//! `max_memory_allocated()` after every step with `reset_peak_memory_stats()` at each step's
+//! start (`extra.step_peaks` in the `.json`), and the same model run out of memory in one step
+//! under a memory fraction (`log`: the step and `record_function` region it failed in).
+
+mod common;
+
+use allocsim_phases::{Layout, Source, measure};
+use allocsim_replay::Prepared;
+use common::{root, run, show};
+use serde_json::Value;
+
+fn meta(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(root(&format!("traces/field/{name}.json"))).expect("the run's .json")).unwrap()
+}
+
+fn phases_json(args: &[&str]) -> Value {
+    let o = run(args);
+    assert_eq!(o.status.code(), Some(0), "{}", show(args, &o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}\n{}", show(args, &o)))
+}
+
+fn u64s(v: &Value) -> Vec<u64> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
+/// The 16 optimizer steps are the 16 iterations; each iteration's peak allocated is the step's
+/// `max_memory_allocated()` reading; the largest is the run's peak, in the step that first read it.
+#[test]
+fn llama_iterations_are_the_optimizer_steps_with_their_measured_peaks() {
+    let m = meta("llama_train__default");
+    let step_peaks = u64s(&m["extra"]["step_peaks"]);
+    let global = m["extra"]["global_peak_allocated"].as_u64().unwrap();
+    assert_eq!(step_peaks.len(), 16);
+    let v = phases_json(&["phases", "traces/field/llama_train__default.pickle.gz", "--json"]);
+    assert_eq!(v["source"]["kind"], "annotation");
+    assert_eq!(v["source"]["names"][0], "Optimizer.step#AdamW.step");
+    let its = v["iterations"].as_array().unwrap();
+    assert_eq!(its.len(), 16, "one iteration per optimizer step");
+    let peaks: Vec<u64> = its.iter().map(|i| i["peak_allocated"].as_u64().unwrap()).collect();
+    assert_eq!(peaks, step_peaks);
+    assert!(its.iter().all(|i| i["complete"] == true));
+    assert_eq!(*peaks.iter().max().unwrap(), global);
+    assert_eq!(v["peak_allocated"].as_u64(), Some(global));
+    let first_max = step_peaks.iter().position(|&p| p == global).unwrap();
+    assert_eq!(v["peak_iteration"].as_u64(), Some(first_max as u64));
+    let marked: Vec<usize> = its.iter().enumerate().filter(|(_, i)| i["global_peak"] == true).map(|(k, _)| k).collect();
+    assert_eq!(marked, [first_max]);
+    // The peak request lies in its iteration, and the largest live call site is listed.
+    let it = &its[first_max];
+    let q = it["peak_request"].as_u64().unwrap();
+    assert!(it["first_request"].as_u64().unwrap() <= q && q <= it["last_request"].as_u64().unwrap());
+    assert!(!it["live_at_peak"].as_array().unwrap().is_empty());
+    let live: u64 = it["live_at_peak"].as_array().unwrap().iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
+    assert!(live <= global);
+    // The iterations cover every request, in order.
+    let mut next = 0;
+    for i in its {
+        assert_eq!(i["first_request"].as_u64(), Some(next));
+        next = i["last_request"].as_u64().unwrap() + 1;
+    }
+    assert_eq!(next, v["requests"].as_u64().unwrap());
+    // Regions: forward, backward and optimizer once per step, each in its step.
+    let regions = v["regions"].as_array().unwrap();
+    for name in ["forward", "backward", "optimizer", "Optimizer.step#AdamW.step", "Optimizer.zero_grad#AdamW.zero_grad"] {
+        let its: Vec<u64> = regions.iter().filter(|r| r["name"] == name).map(|r| r["iteration"].as_u64().unwrap()).collect();
+        let want: Vec<u64> = if name.starts_with("Optimizer.zero_grad") {
+            // zero_grad follows the step's end: it opens the next iteration (and the last one's
+            // is in the last iteration, which holds no requests after it).
+            (1..16).chain([15]).collect()
+        } else {
+            (0..16).collect()
+        };
+        assert_eq!(its, want, "{name}");
+    }
+    // The text form marks the same iteration.
+    let o = run(&["phases", "traces/field/llama_train__default.pickle.gz"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains(&format!("reached in iteration {first_max} at request {q}")), "{text}");
+}
+
+/// Without annotations, the repeating request pattern finds the same iterations as the
+/// optimizer's annotations (the Llama run, and the tiny MLP recorded with C++ stacks).
+#[test]
+fn the_request_pattern_finds_the_optimizer_steps() {
+    for name in ["llama_train__default", "tiny_annotations__default"] {
+        let snap = allocsim_trace::read_trace(&root(&format!("traces/field/{name}.pickle.gz"))).unwrap();
+        let p = Prepared::new(&snap, None, 150_109_880_320, None).unwrap();
+        let by_steps = Layout::of(&p, None).unwrap();
+        assert!(matches!(by_steps.source, Source::Annotation { .. }), "{name}");
+        let by_pattern = Layout::from_parts(&p.trace, &p.program.requests, &[], None, &|q| p.call_site(q)).unwrap();
+        assert!(matches!(by_pattern.source, Source::Pattern { .. }), "{name}: {:?}", by_pattern.source);
+        let starts = |l: &Layout| l.iterations.iter().map(|i| i.span.request_start).collect::<Vec<_>>();
+        assert_eq!(starts(&by_pattern), starts(&by_steps), "{name}");
+        let a = measure(&p, &by_steps, &p.own, None, &p.recorded_placement(), 0);
+        let b = measure(&p, &by_pattern, &p.own, None, &p.recorded_placement(), 0);
+        let peaks = |x: &allocsim_phases::Phases| x.iterations.iter().map(|i| i.peaks.peak_allocated).collect::<Vec<_>>();
+        assert_eq!(peaks(&a), peaks(&b), "{name}");
+    }
+}
+
+/// Under the recorded memory fraction the replay runs out of memory where the real run did: in
+/// step 9, in `forward` (the recording's log). Iteration 9 holds it (steps 0–8 each ended with an
+/// optimizer step); the failed step never reached its optimizer step, so it runs on into step
+/// 10's requests and the run has 15 iterations.
+#[test]
+fn llama_oom_falls_in_its_step_and_region() {
+    let m = meta("llama_oom__default");
+    let cap = m["cap_bytes"].as_u64().unwrap().to_string();
+    let log = m["log"].as_array().expect("the OOM log");
+    assert_eq!((log[0]["step"].as_u64(), log[0]["region"].as_str()), (Some(9), Some("forward")));
+    let v = phases_json(&["phases", "traces/field/llama_oom__default.pickle.gz", "--capacity", &cap, "--json", "--top", "0"]);
+    assert_eq!(v["ooms"].as_u64(), Some(1));
+    let q = v["first_oom"].as_u64().unwrap();
+    let its = v["iterations"].as_array().unwrap();
+    assert_eq!(its.len(), 15);
+    let holding: Vec<u64> = its.iter().filter(|i| i["ooms"].as_u64() == Some(1)).map(|i| i["index"].as_u64().unwrap()).collect();
+    assert_eq!(holding, [9]);
+    assert_eq!(its[9]["first_oom"].as_u64(), Some(q));
+    let in_regions: Vec<&str> = v["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["first_oom"].as_u64() == Some(q))
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(in_regions, ["forward"]);
+    // The steps before it peak as measured.
+    let step_peaks = u64s(&m["extra"]["step_peaks"]);
+    let peaks: Vec<u64> = its.iter().map(|i| i["peak_allocated"].as_u64().unwrap()).collect();
+    assert_eq!(peaks[..9], step_peaks[..9]);
+}
+
+/// `--by NAME` cuts at another annotation; a name that is not there is a user error that lists
+/// the names there are.
+#[test]
+fn by_names_an_annotation() {
+    let v = phases_json(&["phases", "traces/field/tiny_annotations__default.pickle.gz", "--by", "forward", "--json", "--top", "0"]);
+    assert_eq!(v["source"]["names"][0], "forward");
+    assert_eq!(v["iterations"].as_array().unwrap().len(), 4, "three forwards end three iterations, then the rest");
+    common::user_error(
+        &["phases", "traces/field/tiny_annotations__default.pickle.gz", "--by", "train_step"],
+        &["--by \"train_step\"", "forward", "Optimizer.step#AdamW.step"],
+    );
+}
