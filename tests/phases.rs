@@ -144,3 +144,44 @@ fn by_names_an_annotation() {
         &["--by \"train_step\"", "forward", "Optimizer.step#AdamW.step"],
     );
 }
+
+/// `explain` names the iteration and region: the OOM in step 9's `forward`, and the peak of the
+/// training run in iteration 4's `backward` (where the recording's largest step peak was).
+#[test]
+fn explain_names_the_iteration_and_region() {
+    let m = meta("llama_oom__default");
+    let cap = m["cap_bytes"].as_u64().unwrap().to_string();
+    let v = phases_json(&["explain", "traces/field/llama_oom__default.pickle.gz", "--capacity", &cap, "--json"]);
+    assert_eq!(v["phase"]["iteration"].as_u64(), Some(9));
+    assert_eq!(v["phase"]["regions"], serde_json::json!(["forward"]));
+    let o = run(&["explain", "traces/field/llama_oom__default.pickle.gz", "--capacity", &cap]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("in iteration 9 of 15") && text.contains("inside forward"), "{text}");
+    let v = phases_json(&["explain", "traces/field/llama_train__default.pickle.gz", "--at", "peak", "--json"]);
+    let step_peaks = u64s(&meta("llama_train__default")["extra"]["step_peaks"]);
+    let largest = step_peaks.iter().position(|&p| p == *step_peaks.iter().max().unwrap()).unwrap();
+    assert_eq!(v["phase"]["iteration"].as_u64(), Some(largest as u64));
+    assert_eq!(v["phase"]["regions"], serde_json::json!(["backward"]));
+}
+
+/// `report` draws the iterations as bands on the timeline, the regions along its foot, and a
+/// chart of each iteration's peaks with the peak iteration marked.
+#[test]
+fn report_draws_iterations_and_regions() {
+    let dir = std::env::temp_dir().join(format!("allocsim-phases-report-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("r.html");
+    let o = run(&["report", "traces/field/llama_train__default.pickle.gz", "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&["report"], &o));
+    let html = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(html.matches(r#"class="iteration-band""#).count(), 16);
+    assert_eq!(html.matches(r#"class="iteration-bar""#).count() + html.matches(r#"class="iteration-bar peak""#).count(), 16);
+    let peak = html.split(r#"class="iteration-bar peak""#).nth(1).unwrap();
+    let title = &peak[peak.find("<title>").unwrap()..peak.find("</title>").unwrap()];
+    let step_peaks = u64s(&meta("llama_train__default")["extra"]["step_peaks"]);
+    let largest = step_peaks.iter().position(|&p| p == *step_peaks.iter().max().unwrap()).unwrap();
+    assert!(title.starts_with(&format!("<title>iteration {largest}:")), "{title}");
+    // forward, backward and optimizer (the optimizer's own step is inside the latter) 16 times each
+    assert_eq!(html.matches(r#"class="region-band""#).count(), 48);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -124,6 +124,18 @@ pub struct Layout {
     pub regions: Vec<RegionSpan>,
 }
 
+/// Where one request falls.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PhaseAt {
+    pub iteration: Option<usize>,
+    pub iterations: usize,
+    /// That iteration ends with its boundary (false: the requests after the last one).
+    pub complete: bool,
+    /// The regions holding it, outermost first.
+    pub regions: Vec<String>,
+    pub source: Source,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LayoutError {
     #[error("--by {name:?}: no annotation of that name on this device (it has {})", if .names.is_empty() { "no annotations".to_string() } else { .names.join(", ") })]
@@ -294,6 +306,18 @@ impl Layout {
     pub fn iteration_at_entry(&self, entry: u32) -> Option<usize> {
         let i = self.iterations.partition_point(|it| it.span.end_entry <= entry);
         self.iterations.get(i).filter(|it| it.span.start_entry <= entry).map(|it| it.index)
+    }
+
+    /// Where request `req` (trace entry `entry`) falls.
+    pub fn phase_at(&self, req: u32, entry: u32) -> PhaseAt {
+        let iteration = self.iteration_of_request(req);
+        PhaseAt {
+            iteration,
+            iterations: self.iterations.len(),
+            complete: iteration.is_some_and(|i| self.iterations[i].complete),
+            regions: self.regions_at_entry(entry).into_iter().map(|r| r.name.clone()).collect(),
+            source: self.source.clone(),
+        }
     }
 
     /// The regions holding trace entry `entry`, outermost first.

@@ -15,5 +15,5 @@ pub mod layout;
 pub mod measure;
 pub mod ranks;
 
-pub use layout::{IterationSpan, Layout, LayoutError, RegionSpan, Source, Span};
+pub use layout::{IterationSpan, Layout, LayoutError, PhaseAt, RegionSpan, Source, Span};
 pub use measure::{Iteration, Phases, Region, SiteBytes, measure};

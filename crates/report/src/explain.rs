@@ -7,6 +7,7 @@ use allocsim_model::allocator::{AllocFailure, MallocStep, OutOfMemory};
 use allocsim_model::format::oom_message;
 use allocsim_model::allocator::CachingAllocator;
 use allocsim_model::{AllocatorConfig, Device, Placement, SimDevice};
+use allocsim_phases::{Layout, PhaseAt};
 use allocsim_replay::{EmptyCacheCalls, Op, Prepared, Program, replay};
 use allocsim_trace::Frame;
 use allocsim_whatif::fit::fit;
@@ -88,6 +89,8 @@ pub struct Explanation {
     pub call_site: Option<String>,
     /// The request was recorded as an OOM in the trace.
     pub recorded_oom: bool,
+    /// The iteration and annotated regions it falls in (see `allocsim_phases::layout`).
+    pub phase: Option<PhaseAt>,
     #[serde(skip)]
     pub oom: Option<OutOfMemory>,
     /// PyTorch's OOM message, without NVML's per-process sentence (which a trace cannot know).
@@ -316,6 +319,7 @@ pub fn explain(
         frames: prepared.frames(req).to_vec(),
         call_site: prepared.call_site(req),
         recorded_oom: r.recorded_oom,
+        phase: Layout::of(prepared, None).ok().map(|l| l.phase_at(req, r.trace_index)),
         oom,
         message,
         steps,
