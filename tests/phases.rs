@@ -185,3 +185,23 @@ fn report_draws_iterations_and_regions() {
     assert_eq!(html.matches(r#"class="region-band""#).count(), 48);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `sweep` says which iteration each config's reserved memory peaks in: the same iteration
+/// `phases` finds under that config (one from the segment events, the other from the allocator's
+/// statistics after every op).
+#[test]
+fn sweep_names_the_peak_iteration_per_config() {
+    let trace = "traces/field/llama_oom__default.pickle.gz";
+    let v = phases_json(&["sweep", trace, "--grid", "expandable_segments=none,True; max_split_size_mb=none,64", "--placements", "1", "--json"]);
+    assert_eq!(v["iterations"].as_u64(), Some(15));
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for r in rows {
+        let conf = r["conf"].as_str().unwrap();
+        let ph = phases_json(&["phases", trace, "--config", conf, "--json", "--top", "0"]);
+        for o in r["outcomes"].as_array().unwrap() {
+            assert_eq!(o["peak_reserved_iteration"], ph["peak_reserved_iteration"], "{conf}");
+            assert_eq!(o["peak_reserved"], ph["peak_reserved"], "{conf}");
+        }
+    }
+}

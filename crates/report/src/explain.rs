@@ -168,18 +168,8 @@ pub fn explain(
     let (req, include) = match at {
         At::FirstOom => (full.first_oom()?, false),
         At::Request(n) => (n, false),
-        At::Peak => {
-            // The request whose events reached the peak.
-            let (mut cur, mut best, mut at_req) = (0i64, -1i64, 0u32);
-            for e in &full.segment_events {
-                cur += if matches!(e.action, "segment_alloc" | "segment_map") { e.size as i64 } else { -(e.size as i64) };
-                if cur > best {
-                    best = cur;
-                    at_req = e.request;
-                }
-            }
-            (at_req, true)
-        }
+        // The request whose events reached the peak.
+        At::Peak => (full.peak_reserved_request().unwrap_or(0), true),
     };
     let r = *prepared.program.requests.get(req as usize)?;
     let k = op_index_of_malloc(&prepared.program, req)?;

@@ -197,15 +197,7 @@ pub fn iterations_svg(ph: &Phases) -> String {
 }
 
 fn peak_request(o: &ReplayOutcome) -> u32 {
-    let (mut cur, mut best, mut at) = (0i64, -1i64, 0u32);
-    for e in &o.segment_events {
-        cur += if matches!(e.action, "segment_alloc" | "segment_map") { e.size as i64 } else { -(e.size as i64) };
-        if cur > best {
-            best = cur;
-            at = e.request;
-        }
-    }
-    at
+    o.peak_reserved_request().unwrap_or(0)
 }
 
 /// The timeline: reserved (solid), allocated (dashed) per run; the allowed maximum; OOM markers.
