@@ -521,11 +521,23 @@ fn write_fit_text(
 
 #[derive(clap::Args)]
 pub struct CompareArgs {
-    /// A snapshot.
-    pub a: PathBuf,
-    /// A second snapshot of the same requests (e.g. the same job under another config). Without
-    /// it, A is replayed under `--config` (and `--config-b`, default: its own settings).
-    pub b: Option<PathBuf>,
+    /// A snapshot, and a second one of the same requests (e.g. the same job under another
+    /// config); with one, it is replayed under `--config` and `--config-b` (default: its own
+    /// settings). A directory, a glob (`'rank*.pickle.gz'`), three or more files, or `--ranks`:
+    /// every file replayed (in parallel) and compared as the ranks of one job.
+    #[arg(required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+    /// Compare the files as ranks (one row each, iteration peaks against the median) even when
+    /// there are only two.
+    #[arg(long)]
+    pub ranks: bool,
+    /// Ranks: iterations by this annotation (default: the optimizer's step; see `phases --by`).
+    #[arg(long)]
+    pub by: Option<String>,
+    /// Ranks: a file spikes in an iteration when its peak allocated is at least this times the
+    /// median of that iteration.
+    #[arg(long, default_value_t = 1.1)]
+    pub spike: f64,
     /// Settings for side A when comparing one trace under two configs.
     #[arg(long)]
     pub config: Option<String>,
@@ -605,11 +617,15 @@ fn replayed_side(label: String, p: &Prepared, o: &ReplayOutcome) -> Side {
 }
 
 pub fn cmd_compare(a: &CompareArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
-    let snap_a = load(&a.a)?;
-    let (sa, sb) = match &a.b {
+    if let Some(files) = crate::ranks_cmd::as_ranks(a)? {
+        return crate::ranks_cmd::cmd_ranks(a, &files, io);
+    }
+    let path_a = &a.files[0];
+    let snap_a = load(path_a)?;
+    let (sa, sb) = match a.files.get(1) {
         Some(b) => {
             let snap_b = load(b)?;
-            (recorded_side(&a.a, &snap_a)?, recorded_side(b, &snap_b)?)
+            (recorded_side(path_a, &snap_a)?, recorded_side(b, &snap_b)?)
         }
         None => {
             let p = Prepared::new_for(&snap_a, None, a.device_memory, None, TorchVersion::DEFAULT)?;

@@ -205,3 +205,66 @@ fn sweep_names_the_peak_iteration_per_config() {
         }
     }
 }
+
+/// `compare` over a directory of ranks: three copies of the Llama run, one of which makes an
+/// extra 2 GiB allocation at the start of step 6's backward. That rank is named as the first to
+/// spike, in iteration 6, and the median of every iteration is the run's measured step peak.
+#[test]
+fn compare_ranks_names_the_rank_that_spiked() {
+    use allocsim_trace::{Action, TraceEntry};
+    let snap = allocsim_trace::read_trace(&root("traces/field/llama_train__default.pickle.gz")).unwrap();
+    let step_peaks = u64s(&meta("llama_train__default")["extra"]["step_peaks"]);
+    let dir = std::env::temp_dir().join(format!("allocsim-ranks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // The 7th backward START (iteration 6).
+    let t = snap
+        .annotations
+        .iter()
+        .filter(|a| a.name() == Some("backward") && a.is_start() == Some(true))
+        .nth(6)
+        .unwrap()
+        .time_us;
+    let mut spiked = snap.clone();
+    let trace = &mut spiked.device_traces[0];
+    let i = trace.iter().position(|e| e.time_us >= t).unwrap();
+    let at = trace[i].time_us;
+    let e = |action, addr| TraceEntry { action, addr, size: 2 << 30, stream: 0, time_us: at, stack: 0, meta: 0 };
+    let addr = 0x7e00_0000_0000;
+    trace.splice(i..i, [e(Action::Alloc, addr), e(Action::FreeRequested, addr), e(Action::FreeCompleted, addr)]);
+    for (k, s) in [(0, &snap), (1, &snap), (2, &spiked)] {
+        allocsim_trace::write_trace(s, &dir.join(format!("rank{k}.pickle.gz"))).unwrap();
+    }
+    std::fs::write(dir.join("notes.txt"), "not a snapshot").unwrap();
+    let v = phases_json(&["compare", dir.to_str().unwrap(), "--json"]);
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3, "the three snapshots, not the notes");
+    assert_eq!(u64s(&v["median_iteration_peaks"]), step_peaks);
+    let s = &v["first_spike"];
+    assert!(s["file"].as_str().unwrap().ends_with("rank2.pickle.gz"), "{s}");
+    assert_eq!(s["iteration"].as_u64(), Some(6));
+    assert!(s["ratio"].as_f64().unwrap() >= 1.1);
+    for r in &rows[..2] {
+        assert_eq!(u64s(&r["iteration_peaks"]), step_peaks);
+        assert!(r["vs_median"].as_array().unwrap().iter().all(|x| x.as_f64() == Some(1.0)));
+    }
+    assert!(v["first_oom"].is_null());
+    // The same through a glob.
+    let glob = dir.join("rank*.pickle.gz");
+    let g = phases_json(&["compare", glob.to_str().unwrap(), "--json"]);
+    assert_eq!(g["first_spike"], v["first_spike"]);
+    // A glob that matches nothing is a user error.
+    common::user_error(&["compare", dir.join("nothing*.pickle").to_str().unwrap()], &["no file matches"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Without a memory fraction no replay runs out of memory; the run that recorded one is named,
+/// with the recorded time of its `oom` entry.
+#[test]
+fn compare_ranks_names_the_recorded_oom() {
+    let snap = allocsim_trace::read_trace(&root("traces/field/llama_oom__default.pickle.gz")).unwrap();
+    let oom_us = snap.device_traces[0].iter().find(|e| e.action == allocsim_trace::Action::Oom).unwrap().time_us;
+    let v = phases_json(&["compare", "--ranks", "traces/field/llama_train__default.pickle.gz", "traces/field/llama_oom__default.pickle.gz", "--json"]);
+    let o = &v["first_oom"];
+    assert!(o["file"].as_str().unwrap().ends_with("llama_oom__default.pickle.gz"), "{o}");
+    assert_eq!((o["recorded"].as_bool(), o["time_us"].as_i64()), (Some(true), Some(oom_us)));
+}

@@ -4,7 +4,8 @@
 //! * one row per file: peak allocated and reserved, OOMs and the time of the first, what the
 //!   allocator held unallocated when reserved memory peaked, the iterations and their peaks;
 //! * per iteration, the median of the files' peaks, and each file's peak against it;
-//! * the file that ran out of memory first (the earliest recorded time of a first OOM), and the
+//! * the file that ran out of memory first (the earliest recorded time of a first OOM in the
+//!   replays; when no replay runs out of memory, of the OOMs the traces recorded), and the
 //!   one that spiked first: the earliest iteration in which a file's peak allocated exceeds the
 //!   median of that iteration by the spike ratio (default 1.1), ties to the earlier peak time.
 //!
@@ -48,6 +49,12 @@ pub struct RunRow {
     pub first_oom: Option<u32>,
     /// The recorded time of the first OOM's request.
     pub first_oom_us: Option<i64>,
+    /// The requests the trace recorded as OOMs (whether or not the replay runs out there), and
+    /// the recorded time of the first.
+    pub recorded_ooms: usize,
+    pub first_recorded_oom_us: Option<i64>,
+    /// The time of the trace's first entry.
+    pub start_us: Option<i64>,
     /// Reserved − allocated when reserved memory peaked, and that as a share of the peak.
     pub unallocated_at_peak: u64,
     pub fragmentation_at_peak: f64,
@@ -67,8 +74,11 @@ pub struct RunRow {
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct FirstOom {
     pub file: String,
-    pub request: u32,
+    /// The replay's first OOM (`None` for a recorded one).
+    pub request: Option<u32>,
     pub time_us: Option<i64>,
+    /// No file runs out of memory in the replay: this is the earliest OOM the traces recorded.
+    pub recorded: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -103,6 +113,9 @@ fn row(path: &Path, spec: &RankSpec) -> RunRow {
         ooms: 0,
         first_oom: None,
         first_oom_us: None,
+        recorded_ooms: 0,
+        first_recorded_oom_us: None,
+        start_us: None,
         unallocated_at_peak: 0,
         fragmentation_at_peak: 0.0,
         peak_iteration: None,
@@ -134,6 +147,9 @@ fn measure_file(path: &Path, spec: &RankSpec, r: &mut RunRow) -> Result<(), Stri
     r.ooms = ph.ooms;
     r.first_oom = ph.first_oom;
     r.first_oom_us = ph.first_oom.and_then(|q| p.program.requests.get(q as usize)).and_then(|q| p.trace.get(q.trace_index as usize)).map(|e| e.time_us);
+    r.recorded_ooms = p.program.requests.iter().filter(|q| q.recorded_oom).count();
+    r.first_recorded_oom_us = p.program.requests.iter().find(|q| q.recorded_oom).and_then(|q| p.trace.get(q.trace_index as usize)).map(|e| e.time_us);
+    r.start_us = p.trace.first().map(|e| e.time_us);
     if let Some(i) = ph.peak_reserved_iteration {
         let pk = &ph.iterations[i].peaks;
         r.unallocated_at_peak = pk.peak_reserved - pk.allocated_at_peak_reserved.min(pk.peak_reserved);
@@ -153,6 +169,79 @@ fn median(mut v: Vec<u64>) -> Option<u64> {
     v.sort_unstable();
     let n = v.len();
     Some(if n % 2 == 1 { v[n / 2] } else { ((v[n / 2 - 1] as u128 + v[n / 2] as u128) / 2) as u64 })
+}
+
+/// The files `args` name: a directory stands for the snapshots in it (`*.pickle`, `*.pkl`,
+/// `*.jsonl`, each optionally `.gz`), a name with `*` or `?` in its last component for the files
+/// it matches (`?` one character, `*` any run), anything else for itself; each list sorted by name.
+pub fn expand_paths(args: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    for a in args {
+        let name = a.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let glob = name.contains(['*', '?']);
+        let (dir, pattern): (PathBuf, Option<String>) = if a.is_dir() {
+            (a.clone(), None)
+        } else if glob {
+            let parent = a.parent().filter(|p| !p.as_os_str().is_empty()).map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+            (parent, Some(name.clone()))
+        } else {
+            out.push(a.clone());
+            continue;
+        };
+        let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut found: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file())
+            .filter(|p| {
+                let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                match &pattern {
+                    Some(g) => glob_match(g.as_bytes(), n.as_bytes()),
+                    None => is_snapshot_name(&n),
+                }
+            })
+            .collect();
+        if found.is_empty() {
+            return Err(match pattern {
+                Some(_) => format!("{}: no file matches", a.display()),
+                None => format!("{}: no snapshots (*.pickle, *.pkl, *.jsonl, optionally .gz) in this directory", a.display()),
+            });
+        }
+        found.sort();
+        out.extend(found);
+    }
+    Ok(out)
+}
+
+fn is_snapshot_name(n: &str) -> bool {
+    let n = n.strip_suffix(".gz").unwrap_or(n);
+    n.ends_with(".pickle") || n.ends_with(".pkl") || n.ends_with(".jsonl")
+}
+
+/// `*` any run of bytes, `?` one byte, everything else itself.
+fn glob_match(p: &[u8], s: &[u8]) -> bool {
+    let (mut pi, mut si) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while si < s.len() {
+        match p.get(pi) {
+            Some(b'*') => {
+                star = Some((pi, si));
+                pi += 1;
+            }
+            Some(&c) if c == b'?' || c == s[si] => {
+                pi += 1;
+                si += 1;
+            }
+            _ => match star {
+                Some((sp, ss)) => {
+                    pi = sp + 1;
+                    si = ss + 1;
+                    star = Some((sp, ss + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[pi..].iter().all(|&c| c == b'*')
 }
 
 /// Replays every file of `paths` (in parallel) and compares them.
@@ -176,7 +265,14 @@ pub fn rank(mut rows: Vec<RunRow>, spike_ratio: f64) -> Ranks {
         .filter(ok)
         .filter_map(|r| Some((r, r.first_oom?)))
         .min_by_key(|(r, _)| r.first_oom_us.unwrap_or(i64::MAX))
-        .map(|(r, q)| FirstOom { file: r.file.clone(), request: q, time_us: r.first_oom_us });
+        .map(|(r, q)| FirstOom { file: r.file.clone(), request: Some(q), time_us: r.first_oom_us, recorded: false })
+        .or_else(|| {
+            rows.iter()
+                .filter(ok)
+                .filter(|r| r.recorded_ooms > 0)
+                .min_by_key(|r| r.first_recorded_oom_us.unwrap_or(i64::MAX))
+                .map(|r| FirstOom { file: r.file.clone(), request: None, time_us: r.first_recorded_oom_us, recorded: true })
+        });
     let mut first_spike: Option<Spike> = None;
     'its: for (i, &m) in medians.iter().enumerate() {
         let mut best: Option<Spike> = None;
@@ -215,6 +311,9 @@ mod tests {
             ooms: oom.is_some() as usize,
             first_oom: oom.map(|o| o.0),
             first_oom_us: oom.map(|o| o.1),
+            recorded_ooms: 0,
+            first_recorded_oom_us: None,
+            start_us: Some(0),
             unallocated_at_peak: 0,
             fragmentation_at_peak: 0.0,
             peak_iteration: None,
@@ -238,10 +337,26 @@ mod tests {
         assert_eq!(k.median_iteration_peaks, [100, 100, 100]);
         let s = k.first_spike.unwrap();
         assert_eq!((s.file.as_str(), s.iteration, s.peak_allocated, s.median), ("bb", 1, 120, 100));
-        assert_eq!(k.first_oom.unwrap(), FirstOom { file: "ccc".into(), request: 3, time_us: Some(40) });
+        assert_eq!(k.first_oom.unwrap(), FirstOom { file: "ccc".into(), request: Some(3), time_us: Some(40), recorded: false });
         assert_eq!(k.largest_peak.as_deref(), Some("bb"));
         assert_eq!(k.rows[1].vs_median, [1.0, 1.2, 2.0]);
         assert_eq!(median(vec![1, 4, 2, 3]), Some(2));
         assert_eq!(median(vec![]), None);
+    }
+
+    #[test]
+    fn globs() {
+        for (p, s, want) in [
+            ("rank*.pickle.gz", "rank0.pickle.gz", true),
+            ("rank*.pickle.gz", "rank12.pickle.gz", true),
+            ("rank*.pickle.gz", "rank0.pickle", false),
+            ("rank?.pkl", "rank3.pkl", true),
+            ("rank?.pkl", "rank33.pkl", false),
+            ("*", "", true),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "axxbyy", false),
+        ] {
+            assert_eq!(glob_match(p.as_bytes(), s.as_bytes()), want, "{p} {s}");
+        }
     }
 }
