@@ -113,8 +113,27 @@ pub fn write_phases(out: &mut dyn Write, ph: &Phases, conf: &str, capacity: Opti
             region_of(ph, it.peaks.peak_request).map_or(String::new(), |r| format!(", in {r}"))
         )?;
         if it.live_at_peak.len() > 1 {
+            writeln!(out, "  Live then, by call site:")?;
             for s in &it.live_at_peak {
                 writeln!(out, "  {:>12} in {} block{} from {}", fs(s.bytes), s.blocks, if s.blocks == 1 { "" } else { "s" }, s.call_site)?;
+            }
+        }
+        let inside: Vec<_> = ph.regions.iter().filter(|r| r.iteration == Some(i)).collect();
+        if !inside.is_empty() {
+            writeln!(out, "  Its regions:")?;
+            for r in inside {
+                writeln!(
+                    out,
+                    "  {:indent$}{:<w$} peak allocated {:>12}, reserved {:>12}, {} requests{}",
+                    "",
+                    r.name,
+                    fs(r.peaks.peak_allocated),
+                    fs(r.peaks.peak_reserved),
+                    r.requests,
+                    if r.peaks.new_segments > 0 { format!(", {} new segments", r.peaks.new_segments) } else { String::new() },
+                    indent = 2 * r.depth as usize,
+                    w = 40usize.saturating_sub(2 * r.depth as usize)
+                )?;
             }
         }
     }
