@@ -91,7 +91,7 @@ pub fn write_phases(out: &mut dyn Write, ph: &Phases, conf: &str, capacity: Opti
         let site = it.live_at_peak.first().map_or(String::new(), |s| format!("{} in {} block{} at {}", fs(s.bytes), s.blocks, if s.blocks == 1 { "" } else { "s" }, s.call_site));
         t.add_row([
             format!("{}{}{mark}", it.index, if it.complete { "" } else { " (partial)" }),
-            it.requests.to_string(),
+            it.peaks.requests.to_string(),
             fs(it.peaks.peak_allocated),
             signed(it.delta_peak_allocated),
             fs(it.peaks.peak_reserved),
@@ -129,7 +129,7 @@ pub fn write_phases(out: &mut dyn Write, ph: &Phases, conf: &str, capacity: Opti
                     r.name,
                     fs(r.peaks.peak_allocated),
                     fs(r.peaks.peak_reserved),
-                    r.requests,
+                    r.peaks.requests,
                     if r.peaks.new_segments > 0 { format!(", {} new segments", r.peaks.new_segments) } else { String::new() },
                     indent = 2 * r.depth as usize,
                     w = 40usize.saturating_sub(2 * r.depth as usize)
@@ -150,7 +150,7 @@ pub fn write_phases(out: &mut dyn Write, ph: &Phases, conf: &str, capacity: Opti
         t.set_header(["region", "times", "largest peak allocated", "in iteration", "largest peak reserved", "new segments"]);
         for n in names {
             let rs: Vec<_> = ph.regions.iter().filter(|r| r.name == n).collect();
-            let top = rs.iter().max_by_key(|r| (r.peaks.peak_allocated, std::cmp::Reverse(r.start_us))).expect("a region");
+            let top = rs.iter().max_by_key(|r| (r.peaks.peak_allocated, std::cmp::Reverse(r.peaks.start_us))).expect("a region");
             let segs: u32 = rs.iter().map(|r| r.peaks.new_segments).sum();
             t.add_row([
                 n.to_string(),
@@ -169,7 +169,7 @@ pub fn write_phases(out: &mut dyn Write, ph: &Phases, conf: &str, capacity: Opti
 /// The innermost region holding request `req`'s peak, by name (`None` without regions).
 fn region_of(ph: &Phases, req: Option<u32>) -> Option<String> {
     let q = req?;
-    let holds = |r: &&allocsim_phases::Region| r.first_request.is_some_and(|f| f <= q) && r.last_request.is_some_and(|l| q <= l);
+    let holds = |r: &&allocsim_phases::Region| r.peaks.first_request.is_some_and(|f| f <= q) && r.peaks.last_request.is_some_and(|l| q <= l);
     let mut v: Vec<_> = ph.regions.iter().filter(holds).collect();
     v.sort_by_key(|r| r.depth);
     (!v.is_empty()).then(|| v.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(" › "))

@@ -25,9 +25,15 @@ pub struct SiteBytes {
     pub bytes: u64,
 }
 
-/// What one stretch of the trace came to under the replayed config.
+/// What one stretch of the trace (an iteration, a region) holds and came to under the replayed
+/// config.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Peaks {
+    pub first_request: Option<u32>,
+    pub last_request: Option<u32>,
+    pub requests: u32,
+    pub start_us: i64,
+    pub end_us: i64,
     pub peak_allocated: u64,
     pub peak_reserved: u64,
     /// The request at which `peak_allocated` was first reached.
@@ -49,11 +55,6 @@ pub struct Peaks {
 pub struct Iteration {
     pub index: usize,
     pub complete: bool,
-    pub first_request: Option<u32>,
-    pub last_request: Option<u32>,
-    pub requests: u32,
-    pub start_us: i64,
-    pub end_us: i64,
     #[serde(flatten)]
     pub peaks: Peaks,
     /// Change of `peak_allocated` / `peak_reserved` from the previous iteration.
@@ -72,11 +73,6 @@ pub struct Region {
     pub name: String,
     pub iteration: Option<usize>,
     pub depth: u32,
-    pub first_request: Option<u32>,
-    pub last_request: Option<u32>,
-    pub requests: u32,
-    pub start_us: i64,
-    pub end_us: i64,
     #[serde(flatten)]
     pub peaks: Peaks,
     pub open_start: bool,
@@ -106,7 +102,7 @@ impl Phases {
     pub fn iteration_of_request(&self, req: u32) -> Option<usize> {
         self.iterations
             .iter()
-            .find(|it| it.first_request.is_some_and(|f| f <= req) && it.last_request.is_some_and(|l| req <= l))
+            .find(|it| it.peaks.first_request.is_some_and(|f| f <= req) && it.peaks.last_request.is_some_and(|l| req <= l))
             .map(|it| it.index)
     }
 }
@@ -225,7 +221,13 @@ pub fn measure(prepared: &Prepared, layout: &Layout, config: &AllocatorConfig, c
         let g = &grow[grow.partition_point(|g| g.0 < s.request_start)..grow.partition_point(|g| g.0 < s.request_end)];
         let o = &ooms[ooms.partition_point(|&q| q < s.request_start)..ooms.partition_point(|&q| q < s.request_end)];
         let peak_request = request_of(w.allocated_op);
+        let range = s.request_range();
         Peaks {
+            first_request: range.map(|r| r.0),
+            last_request: range.map(|r| r.1),
+            requests: s.requests(),
+            start_us: s.start_us,
+            end_us: s.end_us,
             peak_allocated: w.allocated,
             peak_reserved: w.reserved,
             peak_request,
@@ -244,15 +246,9 @@ pub fn measure(prepared: &Prepared, layout: &Layout, config: &AllocatorConfig, c
         .iter()
         .zip(&windows[..n_it])
         .map(|(it, w)| {
-            let range = it.span.request_range();
             Iteration {
                 index: it.index,
                 complete: it.complete,
-                first_request: range.map(|r| r.0),
-                last_request: range.map(|r| r.1),
-                requests: it.span.requests(),
-                start_us: it.span.start_us,
-                end_us: it.span.end_us,
                 peaks: peaks(w, &it.span),
                 delta_peak_allocated: None,
                 delta_peak_reserved: None,
@@ -290,16 +286,10 @@ pub fn measure(prepared: &Prepared, layout: &Layout, config: &AllocatorConfig, c
         .iter()
         .zip(&windows[n_it..])
         .map(|(r, w)| {
-            let range = r.span.request_range();
             Region {
                 name: r.name.clone(),
                 iteration: r.iteration,
                 depth: r.depth,
-                first_request: range.map(|x| x.0),
-                last_request: range.map(|x| x.1),
-                requests: r.span.requests(),
-                start_us: r.span.start_us,
-                end_us: r.span.end_us,
                 peaks: peaks(w, &r.span),
                 open_start: r.open_start,
                 open_end: r.open_end,

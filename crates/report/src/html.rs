@@ -119,7 +119,7 @@ fn phase_bands(s: &mut String, ph: &Phases, x: &dyn Fn(u32) -> f64) {
     const MAX_BANDS: usize = 2000;
     let labels = ph.iterations.len() <= 60;
     for it in ph.iterations.iter().take(MAX_BANDS) {
-        let (Some(a), Some(b)) = (it.first_request, it.last_request) else { continue };
+        let (Some(a), Some(b)) = (it.peaks.first_request, it.peaks.last_request) else { continue };
         let (x0, x1) = (x(a), x(b + 1));
         let fill = if it.index % 2 == 0 { "#f3f3f3" } else { "#fafafa" };
         let _ = write!(
@@ -138,7 +138,7 @@ fn phase_bands(s: &mut String, ph: &Phases, x: &dyn Fn(u32) -> f64) {
     }
     let colors = region_colors(ph);
     for r in ph.regions.iter().filter(|r| r.depth == 0).take(MAX_BANDS) {
-        let (Some(a), Some(b)) = (r.first_request, r.last_request) else { continue };
+        let (Some(a), Some(b)) = (r.peaks.first_request, r.peaks.last_request) else { continue };
         let color = colors.iter().find(|(n, _)| *n == r.name).map_or("#ccc", |c| c.1);
         let _ = write!(
             s,
