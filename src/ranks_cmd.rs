@@ -26,7 +26,7 @@ pub fn cmd_ranks(a: &CompareArgs, files: &[PathBuf], io: &mut Io<'_>) -> Result<
     if let Some(c) = &a.config {
         allocsim_model::AllocatorConfig::parse(c).map_err(|e| UserError(format!("--config {c:?}: {e}")))?;
     }
-    if !(a.spike > 1.0) {
+    if a.spike.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater) {
         return Err(UserError(format!("--spike {}: expected a ratio above 1 (e.g. 1.1)", a.spike)));
     }
     let spec = RankSpec {
