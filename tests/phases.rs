@@ -268,3 +268,20 @@ fn compare_ranks_names_the_recorded_oom() {
     assert!(o["file"].as_str().unwrap().ends_with("llama_oom__default.pickle.gz"), "{o}");
     assert_eq!((o["recorded"].as_bool(), o["time_us"].as_i64()), (Some(true), Some(oom_us)));
 }
+
+/// A process that drives two devices records its `record_function` scopes with the device
+/// current at the time: device 1's trace is cut by annotations recorded on device 0.
+#[test]
+fn annotations_of_another_device_serve_when_the_device_has_none() {
+    let mut snap = allocsim_trace::read_trace(&root("traces/field/tiny_annotations__default.pickle.gz")).unwrap();
+    assert!(snap.annotations.iter().all(|a| a.device == 0));
+    let t = std::mem::take(&mut snap.device_traces[0]);
+    snap.device_traces.push(t);
+    for s in &mut snap.segments {
+        s.device = 1;
+    }
+    let p = Prepared::new(&snap, Some(1), 150_109_880_320, None).unwrap();
+    let l = Layout::of(&p, None).unwrap();
+    assert!(matches!(l.source, Source::Annotation { .. }));
+    assert_eq!(l.iterations.len(), 3);
+}
