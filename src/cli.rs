@@ -105,6 +105,9 @@ enum Command {
     Sweep(crate::whatif_cmds::SweepArgs),
     /// The smallest allowed maximum (to the 2 MiB) at which the trace runs without OOM.
     Fit(crate::whatif_cmds::FitArgs),
+    /// The trace cut into iterations (the optimizer's steps, or `--by NAME`) and annotated
+    /// regions, each with its peaks under the replayed config: which step peaks, and where.
+    Phases(crate::phases_cmd::PhasesArgs),
     /// Two runs of the same requests side by side: where reserved memory diverges, and why.
     Compare(crate::whatif_cmds::CompareArgs),
     /// Generate a seeded synthetic snapshot (training steps, variable-length batches, KV-cache
@@ -176,6 +179,7 @@ fn execute(command: Command, io: &mut Io<'_>) -> i32 {
         Command::Export(a) => crate::report_cmd::cmd_export(&a, io),
         Command::Sweep(a) => crate::whatif_cmds::cmd_sweep(&a, io),
         Command::Fit(a) => crate::whatif_cmds::cmd_fit(&a, io),
+        Command::Phases(a) => crate::phases_cmd::cmd_phases(&a, io),
         Command::Compare(a) => crate::whatif_cmds::cmd_compare(&a, io),
         Command::Synth(a) => crate::synth_cmd::cmd_synth(&a, io),
     };

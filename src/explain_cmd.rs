@@ -174,6 +174,9 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
         None => writeln!(out, "  (the trace recorded no stack for it)")?,
     }
     write_stack(out, &x.frames)?;
+    if let Some(ph) = &x.phase {
+        write_phase(out, ph)?;
+    }
     writeln!(out, "  a new segment for it would be {}", fs(x.alloc_size))?;
     writeln!(out)?;
     writeln!(out, "What the allocator did:")?;
@@ -318,4 +321,29 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
         }
     }
     Ok(())
+}
+
+/// Where the explained request falls: its iteration and annotated regions (nothing when the
+/// trace has neither).
+fn write_phase(out: &mut dyn Write, ph: &allocsim_phases::PhaseAt) -> io::Result<()> {
+    use allocsim_phases::Source;
+    let regions = if ph.regions.is_empty() { String::new() } else { format!(", inside {}", ph.regions.join(" › ")) };
+    let Some(i) = ph.iteration else {
+        if !regions.is_empty() {
+            writeln!(out, "  {}", &regions[2..])?;
+        }
+        return Ok(());
+    };
+    let how = match &ph.source {
+        Source::Annotation { names } => format!("iterations end at each `{}`", names.join("`/`")),
+        Source::Pattern { .. } => "iterations from the repeating request pattern".to_string(),
+        Source::Whole { .. } => {
+            if !regions.is_empty() {
+                writeln!(out, "  {}", &regions[2..])?;
+            }
+            return Ok(());
+        }
+    };
+    let partial = if ph.complete { "" } else { ", after the last one" };
+    writeln!(out, "  in iteration {i} of {} ({how}{partial}){regions}", ph.iterations)
 }

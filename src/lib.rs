@@ -6,6 +6,8 @@
 pub mod cli;
 pub mod explain_cmd;
 pub mod output;
+pub mod phases_cmd;
+pub mod ranks_cmd;
 pub mod report_cmd;
 pub mod size;
 pub mod synth_cmd;

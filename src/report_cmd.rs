@@ -47,6 +47,9 @@ pub fn cmd_report(a: &ReportArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     if let Some(dir) = &a.svg {
         std::fs::create_dir_all(dir).map_err(|e| UserError(format!("{}: {e}", dir.display())))?;
         let mut files = vec![("timeline.svg".to_string(), html::timeline_svg(&report)), ("fragmentation.svg".to_string(), html::frag_svg(&report))];
+        if let Some(ph) = &report.phases {
+            files.push(("iterations.svg".to_string(), html::iterations_svg(ph)));
+        }
         for (i, (_, svg)) in report.maps.iter().enumerate() {
             files.push((format!("segments-{}.svg", if i == 0 { "peak" } else { "oom" }), svg.clone()));
         }

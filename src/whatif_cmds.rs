@@ -158,14 +158,24 @@ pub fn cmd_sweep(a: &SweepArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
         None => Vec::new(),
     };
     let secs = t0.elapsed().as_secs_f64();
+    // Which iteration each outcome's reserved memory peaks in (when the trace has iterations).
+    let layout = allocsim_phases::Layout::of(&p, None).ok().filter(|l| l.iterations.len() > 1);
+    let iteration_of = |q: Option<u32>| layout.as_ref().and_then(|l| l.iteration_of_request(q?));
     if a.json {
+        let mut rows_json = serde_json::to_value(&rows).expect("JSON");
+        for (r, row) in rows.iter().zip(rows_json.as_array_mut().expect("rows")) {
+            for (o, out) in r.outcomes.iter().zip(row["outcomes"].as_array_mut().expect("outcomes")) {
+                out["peak_reserved_iteration"] = json!(iteration_of(o.peak_reserved_request));
+            }
+        }
         let out = json!({
             "trace": a.trace.trace.display().to_string(),
             "capacity": a.capacity,
             "grid": grid,
             "placements": a.placements,
             "seconds": secs,
-            "rows": rows,
+            "iterations": layout.as_ref().map(|l| l.iterations.len()),
+            "rows": rows_json,
             "could_swap_with_next": allocsim_whatif::sweep::placement_sensitive_pairs(&rows),
             "allowed_maximum_used": limits.capacity,
             "budget": p.budget.to_json(),
@@ -178,7 +188,7 @@ pub fn cmd_sweep(a: &SweepArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
         write_sweep_csv(io.out, &rows)?;
         return Ok(0);
     }
-    write_sweep_text(io.out, a, &p, &points, &rows, secs, ends.map(|e| (e, depends.as_slice())))?;
+    write_sweep_text(io.out, a, &p, &points, &rows, secs, ends.map(|e| (e, depends.as_slice())), &iteration_of)?;
     Ok(0)
 }
 
@@ -214,7 +224,7 @@ pub fn write_sweep_csv(out: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
 
 /// `sweep` as text: the table of the `a.top` best configs, the rejected ones, the recommendation.
 /// `interval`: the ends of an inferred allowed maximum and the configs whose outcome differs
-/// between them.
+/// between them; `iteration_of`: the iteration holding a request (when the trace has iterations).
 fn write_sweep_text(
     out: &mut dyn Write,
     a: &SweepArgs,
@@ -223,6 +233,7 @@ fn write_sweep_text(
     rows: &[Row],
     secs: f64,
     interval: Option<((u64, u64), &[String])>,
+    iteration_of: &dyn Fn(Option<u32>) -> Option<usize>,
 ) -> io::Result<()> {
     let limits = p.limits(a.capacity);
     let valid = rows.iter().filter(|r| r.rejected.is_none()).count();
@@ -247,20 +258,36 @@ fn write_sweep_text(
     )?;
     let mut t = Table::new();
     t.load_style(presets::UTF8_FULL_CONDENSED);
-    t.set_header(["#", "config", "OOM", "peak reserved", "reserved − allocated", "retries", "syncs", "cudaMalloc/free (map/unmap)", "device time"]);
+    let with_iterations = rows.iter().flat_map(|r| &r.outcomes).any(|o| iteration_of(o.peak_reserved_request).is_some());
+    let mut header = vec!["#", "config", "OOM", "peak reserved"];
+    if with_iterations {
+        header.push("in iteration");
+    }
+    header.extend(["reserved − allocated", "retries", "syncs", "cudaMalloc/free (map/unmap)", "device time"]);
+    t.set_header(header);
     for (i, r) in rows.iter().filter(|r| r.rejected.is_none()).take(a.top).enumerate() {
         let w = r.worst().unwrap();
-        t.add_row([
+        // The iterations where the placements' peaks fall (one, usually).
+        let mut its: Vec<usize> = r.outcomes.iter().filter_map(|o| iteration_of(o.peak_reserved_request)).collect();
+        its.sort_unstable();
+        its.dedup();
+        let mut cells = vec![
             (i + 1).to_string(),
             if r.conf.is_empty() { "(defaults)".into() } else { r.conf.replace(',', ", ") },
             oom_cell(p, r),
             range(r.peak_reserved_range()),
+        ];
+        if with_iterations {
+            cells.push(its.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", "));
+        }
+        cells.extend([
             format_size(w.peak_reserved.saturating_sub(w.peak_allocated)),
             w.num_alloc_retries.to_string(),
             w.num_sync_all_streams.to_string(),
             format!("{} / {}", w.num_device_alloc, w.num_device_free),
             format!("{:.1} ms", w.device_call_us / 1000.0),
         ]);
+        t.add_row(cells);
     }
     writeln!(out, "{t}")?;
     if a.capacity.is_none() {
@@ -497,11 +524,23 @@ fn write_fit_text(
 
 #[derive(clap::Args)]
 pub struct CompareArgs {
-    /// A snapshot.
-    pub a: PathBuf,
-    /// A second snapshot of the same requests (e.g. the same job under another config). Without
-    /// it, A is replayed under `--config` (and `--config-b`, default: its own settings).
-    pub b: Option<PathBuf>,
+    /// A snapshot, and a second one of the same requests (e.g. the same job under another
+    /// config); with one, it is replayed under `--config` and `--config-b` (default: its own
+    /// settings). A directory, a glob (`'rank*.pickle.gz'`), three or more files, or `--ranks`:
+    /// every file replayed (in parallel) and compared as the ranks of one job.
+    #[arg(required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+    /// Compare the files as ranks (one row each, iteration peaks against the median) even when
+    /// there are only two.
+    #[arg(long)]
+    pub ranks: bool,
+    /// Ranks: iterations by this annotation (default: the optimizer's step; see `phases --by`).
+    #[arg(long)]
+    pub by: Option<String>,
+    /// Ranks: a file spikes in an iteration when its peak allocated is at least this times the
+    /// median of that iteration.
+    #[arg(long, default_value_t = 1.1)]
+    pub spike: f64,
     /// Settings for side A when comparing one trace under two configs.
     #[arg(long)]
     pub config: Option<String>,
@@ -581,11 +620,15 @@ fn replayed_side(label: String, p: &Prepared, o: &ReplayOutcome) -> Side {
 }
 
 pub fn cmd_compare(a: &CompareArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
-    let snap_a = load(&a.a)?;
-    let (sa, sb) = match &a.b {
+    if let Some(files) = crate::ranks_cmd::as_ranks(a)? {
+        return crate::ranks_cmd::cmd_ranks(a, &files, io);
+    }
+    let path_a = &a.files[0];
+    let snap_a = load(path_a)?;
+    let (sa, sb) = match a.files.get(1) {
         Some(b) => {
             let snap_b = load(b)?;
-            (recorded_side(&a.a, &snap_a)?, recorded_side(b, &snap_b)?)
+            (recorded_side(path_a, &snap_a)?, recorded_side(b, &snap_b)?)
         }
         None => {
             let p = Prepared::new_for(&snap_a, None, a.device_memory, None, TorchVersion::DEFAULT)?;

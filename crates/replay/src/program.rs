@@ -110,8 +110,7 @@ impl Program {
             // or from another moment), not in the trace: replay from empty without a note.
             Err(e) => p.reconstruct_error = starts_mid_history(trace).then_some(e),
         }
-        let segment_allocs = trace.iter().filter(|e| e.action == Action::SegmentAlloc).map(|e| e.addr);
-        let mut b = ProgramBuilder::new(segments, segment_allocs, p.initial.as_ref(), Some(has_cross_stream_frees(trace)));
+        let mut b = Program::builder(trace, segments, p.initial.as_ref());
         let (requests, ops) = (&mut p.requests, &mut p.ops);
         let mut add = |x: Built<'_>| {
             requests.extend(x.request);
@@ -124,6 +123,26 @@ impl Program {
         p.unknown_frees = b.unknown_frees;
         p.private_pools = b.private_pools;
         p
+    }
+
+    fn builder(trace: &[TraceEntry], segments: &[SnapshotSegment], initial: Option<&InitialState>) -> ProgramBuilder {
+        let segment_allocs = trace.iter().filter(|e| e.action == Action::SegmentAlloc).map(|e| e.addr);
+        ProgramBuilder::new(segments, segment_allocs, initial, Some(has_cross_stream_frees(trace)))
+    }
+
+    /// For each op of this program (built from `trace` and `segments` by [`Program::build_with`]),
+    /// the trace index of the entry it stands for (see [`Built::index`]): nondecreasing, so the
+    /// ops before trace position `k` are those whose index is below `k`.
+    pub fn op_trace_indices(&self, trace: &[TraceEntry], segments: &[SnapshotSegment]) -> Vec<u32> {
+        let mut b = Program::builder(trace, segments, self.initial.as_ref());
+        let mut out = Vec::with_capacity(self.ops.len());
+        let mut add = |x: Built<'_>| out.push(x.index);
+        for e in trace {
+            b.push(*e, &mut add);
+        }
+        b.finish(&mut add);
+        debug_assert_eq!(out.len(), self.ops.len());
+        out
     }
 }
 
@@ -138,6 +157,9 @@ pub struct Built<'a> {
     /// [`before_malloc`] accepts (the device calls a retry chain may have made; see
     /// `crate::replay::recorded_device_calls`). Otherwise empty.
     pub entries: &'a [TraceEntry],
+    /// The trace index of the entry the op stands for: a malloc's `alloc`/`oom`, a free's
+    /// `free_requested`, a completion's `free_completed`, a release run's first entry.
+    pub index: u32,
 }
 
 /// Whether an entry can be part of a malloc's own device calls, right before its `alloc` (or
@@ -294,7 +316,7 @@ impl ProgramBuilder {
                         trace_index: i as u32,
                         stack: e.stack,
                     };
-                    out(Built { op: Op::Malloc(req), request: Some(request), entries: &self.recent });
+                    out(Built { op: Op::Malloc(req), request: Some(request), entries: &self.recent, index: i as u32 });
                     self.ops += 1;
                     if e.action == Action::Alloc {
                         self.live.insert(e.addr, Live::Req(req));
@@ -334,7 +356,7 @@ impl ProgramBuilder {
                                 Live::Req(req) => Op::Free { req, deferred: !immediate },
                                 Live::Pre(pre) => Op::FreePre { pre, deferred: !immediate },
                             };
-                            out(Built { op, request: None, entries: &[] });
+                            out(Built { op, request: None, entries: &[], index: i as u32 });
                             self.ops += 1;
                             if immediate {
                                 2
@@ -357,7 +379,7 @@ impl ProgramBuilder {
                     };
                     match op {
                         Some(op) => {
-                            out(Built { op, request: None, entries: &[] });
+                            out(Built { op, request: None, entries: &[], index: i as u32 });
                             self.ops += 1;
                         }
                         None => self.unknown_frees += 1,
@@ -372,13 +394,13 @@ impl ProgramBuilder {
                     let entries = &self.buf[self.head..self.head + run];
                     if self.restored && self.ops == 0 {
                         // The tail of a release whose cause was cut off: replayed as recorded.
-                        for x in entries {
+                        for (k, x) in entries.iter().enumerate() {
                             let op = Op::ForcedRelease { addr: x.addr, unmap: x.action == Action::SegmentUnmap };
-                            out(Built { op, request: None, entries: &[] });
+                            out(Built { op, request: None, entries: &[], index: (i + k) as u32 });
                         }
                         self.ops += run;
                     } else {
-                        out(Built { op: Op::ReleaseRun { start: i as u32, end: (i + run) as u32 }, request: None, entries });
+                        out(Built { op: Op::ReleaseRun { start: i as u32, end: (i + run) as u32 }, request: None, entries, index: i as u32 });
                         self.ops += 1;
                     }
                     run

@@ -103,6 +103,20 @@ impl<D: Device> ReplayOutcome<D> {
     pub fn first_oom(&self) -> Option<u32> {
         self.ooms.first().map(|o| o.request)
     }
+
+    /// The request during which reserved memory first reached its peak (from the segment events;
+    /// `None` when no segment was made or mapped).
+    pub fn peak_reserved_request(&self) -> Option<u32> {
+        let (mut cur, mut best, mut at) = (0i64, 0i64, None);
+        for e in &self.segment_events {
+            cur += if matches!(e.action, "segment_alloc" | "segment_map") { e.size as i64 } else { -(e.size as i64) };
+            if cur > best {
+                best = cur;
+                at = Some(e.request);
+            }
+        }
+        at
+    }
 }
 
 fn action_name(k: EventKind) -> &'static str {

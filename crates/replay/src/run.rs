@@ -273,7 +273,9 @@ pub struct Prepared {
     /// The snapshot's per-entry metadata (`TraceEntry::meta` indexes it; see
     /// [`allocsim_trace::MetaId`]).
     pub entry_metas: Vec<EntryMeta>,
-    /// The snapshot's `external_annotations` recorded on this device, in order.
+    /// The snapshot's `external_annotations` recorded on this device, in order; when none was,
+    /// all of them (a `record_function` scope is the host's: its `device` is only the device
+    /// current at the time, so a process driving several devices records its scopes on one).
     pub annotations: Vec<Annotation>,
 }
 
@@ -356,7 +358,10 @@ impl Prepared {
             own_outcome,
             stacks: snap.stacks.clone(),
             entry_metas: snap.entry_metas.clone(),
-            annotations: snap.annotations.iter().filter(|a| a.device == device as i64).cloned().collect(),
+            annotations: {
+                let own: Vec<Annotation> = snap.annotations.iter().filter(|a| a.device == device as i64).cloned().collect();
+                if own.is_empty() { snap.annotations.clone() } else { own }
+            },
         })
     }
 

@@ -7,6 +7,7 @@ use allocsim_model::allocator::{AllocFailure, MallocStep, OutOfMemory};
 use allocsim_model::format::oom_message;
 use allocsim_model::allocator::CachingAllocator;
 use allocsim_model::{AllocatorConfig, Device, Placement, SimDevice};
+use allocsim_phases::{Layout, PhaseAt};
 use allocsim_replay::{EmptyCacheCalls, Op, Prepared, Program, replay};
 use allocsim_trace::Frame;
 use allocsim_whatif::fit::fit;
@@ -88,6 +89,8 @@ pub struct Explanation {
     pub call_site: Option<String>,
     /// The request was recorded as an OOM in the trace.
     pub recorded_oom: bool,
+    /// The iteration and annotated regions it falls in (see `allocsim_phases::layout`).
+    pub phase: Option<PhaseAt>,
     #[serde(skip)]
     pub oom: Option<OutOfMemory>,
     /// PyTorch's OOM message, without NVML's per-process sentence (which a trace cannot know).
@@ -165,18 +168,8 @@ pub fn explain(
     let (req, include) = match at {
         At::FirstOom => (full.first_oom()?, false),
         At::Request(n) => (n, false),
-        At::Peak => {
-            // The request whose events reached the peak.
-            let (mut cur, mut best, mut at_req) = (0i64, -1i64, 0u32);
-            for e in &full.segment_events {
-                cur += if matches!(e.action, "segment_alloc" | "segment_map") { e.size as i64 } else { -(e.size as i64) };
-                if cur > best {
-                    best = cur;
-                    at_req = e.request;
-                }
-            }
-            (at_req, true)
-        }
+        // The request whose events reached the peak.
+        At::Peak => (full.peak_reserved_request().unwrap_or(0), true),
     };
     let r = *prepared.program.requests.get(req as usize)?;
     let k = op_index_of_malloc(&prepared.program, req)?;
@@ -316,6 +309,7 @@ pub fn explain(
         frames: prepared.frames(req).to_vec(),
         call_site: prepared.call_site(req),
         recorded_oom: r.recorded_oom,
+        phase: Layout::of(prepared, None).ok().map(|l| l.phase_at(req, r.trace_index)),
         oom,
         message,
         steps,

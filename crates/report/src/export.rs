@@ -4,9 +4,9 @@
 //! model made them, with the model's addresses and the original stacks and times; `segments` holds
 //! the model's final segments and blocks. An `alloc`/`oom` entry keeps its recorded
 //! `compile_context` and `user_metadata`; the other entries take the time and metadata of the
-//! latest request (the trace does not tie a free to its own entry). The device's
-//! `external_annotations` are kept as recorded (their times are the original run's, which the
-//! entries keep too).
+//! latest request (the trace does not tie a free to its own entry). The `external_annotations`
+//! the replay kept (`Prepared::annotations`: the device's) are kept as recorded (their times are
+//! the original run's, which the entries keep too).
 
 use std::collections::HashMap;
 

@@ -1,12 +1,16 @@
 //! `allocsim report`: one self-contained HTML page (inline SVG, no scripts, no network) with the
 //! timeline of allocated / active / reserved memory against the allowed maximum and OOM markers,
 //! fragmentation over time, and the segment map at the peak and at the first OOM (blocks coloured
-//! by state; hovering shows size, request and call site). Several configs are overlaid.
+//! by state; hovering shows size, request and call site). Several configs are overlaid. When the
+//! trace has iterations (`allocsim_phases`), the timeline shows them as alternating bands with the
+//! annotated regions as a strip along its foot, and a chart gives each iteration's peaks (under the
+//! first config), the one that first reached the run's peak marked.
 
 use std::fmt::Write;
 
 use allocsim_model::format::{format_size as fs, oom_message};
 use allocsim_model::{AllocatorConfig, Placement};
+use allocsim_phases::{Layout, Phases, Source};
 use allocsim_replay::{Prepared, ReplayOutcome};
 
 use crate::explain::{op_index_of_malloc, state_before};
@@ -29,6 +33,9 @@ pub struct Report {
     /// (title, svg) segment maps.
     pub maps: Vec<(String, String)>,
     pub oom_messages: Vec<(String, String)>,
+    /// The iterations and regions, measured under the first config (`None`: the trace has neither
+    /// more than one iteration nor any region).
+    pub phases: Option<Phases>,
 }
 
 const COLORS: [&str; 6] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf"];
@@ -84,21 +91,113 @@ pub fn build(prepared: &Prepared, title: &str, configs: &[(String, AllocatorConf
             oom_messages.push((run.label.clone(), oom_message(&info, prepared.device as i32, "")));
         }
     }
+    // The iterations under the first config, replayed as its run was.
+    let phases = runs.first().and_then(|first| {
+        let layout = Layout::of(prepared, None).ok()?;
+        (layout.iterations.len() > 1 || !layout.regions.is_empty())
+            .then(|| allocsim_phases::measure(prepared, &layout, &first.config, capacity, placement, 0))
+    });
     // The allowed maximum drawn: the one given, else the trace's own (inferred).
     let capacity = capacity.or(prepared.budget.capacity());
-    Report { title: title.to_string(), capacity, requests: prepared.program.requests.len() as u32, runs, maps, oom_messages }
+    Report { title: title.to_string(), capacity, requests: prepared.program.requests.len() as u32, runs, maps, oom_messages, phases }
+}
+
+/// A colour per region name, in order of first appearance.
+fn region_colors(ph: &Phases) -> Vec<(&str, &'static str)> {
+    const PALETTE: [&str; 8] = ["#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5", "#bc80bd"];
+    let mut v: Vec<(&str, &'static str)> = Vec::new();
+    for r in &ph.regions {
+        if !v.iter().any(|(n, _)| *n == r.name) {
+            v.push((&r.name, PALETTE[v.len() % PALETTE.len()]));
+        }
+    }
+    v
+}
+
+/// Iteration bands behind the timeline and the outermost regions as a strip along its foot.
+fn phase_bands(s: &mut String, ph: &Phases, x: &dyn Fn(u32) -> f64) {
+    const MAX_BANDS: usize = 2000;
+    let labels = ph.iterations.len() <= 60;
+    for it in ph.iterations.iter().take(MAX_BANDS) {
+        let (Some(a), Some(b)) = (it.peaks.first_request, it.peaks.last_request) else { continue };
+        let (x0, x1) = (x(a), x(b + 1));
+        let fill = if it.index % 2 == 0 { "#f3f3f3" } else { "#fafafa" };
+        let _ = write!(
+            s,
+            r##"<g class="iteration-band"><rect x="{x0:.1}" y="8" width="{:.1}" height="{:.1}" fill="{fill}"{}/><title>iteration {}: requests {a}–{b}, peak allocated {}, peak reserved {}</title></g>"##,
+            (x1 - x0).max(0.5),
+            H - MB - 8.0,
+            if it.global_peak { r##" stroke="#888" stroke-dasharray="2 2""## } else { "" },
+            it.index,
+            fs(it.peaks.peak_allocated),
+            fs(it.peaks.peak_reserved)
+        );
+        if labels {
+            let _ = write!(s, r##"<text x="{:.1}" y="19" text-anchor="middle" fill="#999" font-size="9">{}</text>"##, (x0 + x1) / 2.0, it.index);
+        }
+    }
+    let colors = region_colors(ph);
+    for r in ph.regions.iter().filter(|r| r.depth == 0).take(MAX_BANDS) {
+        let (Some(a), Some(b)) = (r.peaks.first_request, r.peaks.last_request) else { continue };
+        let color = colors.iter().find(|(n, _)| *n == r.name).map_or("#ccc", |c| c.1);
+        let _ = write!(
+            s,
+            r##"<g class="region-band"><rect x="{:.1}" y="{:.1}" width="{:.1}" height="6" fill="{color}"/><title>{}{}: peak allocated {}</title></g>"##,
+            x(a),
+            H - MB - 7.0,
+            (x(b + 1) - x(a)).max(0.5),
+            esc(&r.name),
+            r.iteration.map_or(String::new(), |i| format!(" (iteration {i})")),
+            fs(r.peaks.peak_allocated)
+        );
+    }
+}
+
+/// Each iteration's peak allocated (bar) and peak reserved (tick), the first to reach the run's
+/// peak in a darker colour.
+pub fn iterations_svg(ph: &Phases) -> String {
+    let n = ph.iterations.len().max(1);
+    let ymax = ph.iterations.iter().map(|i| i.peaks.peak_reserved.max(i.peaks.peak_allocated)).max().unwrap_or(1).max(1) as f64 * 1.08;
+    let bw = (W - ML - 10.0) / n as f64;
+    let x = |i: usize| ML + i as f64 * bw;
+    let y = |b: u64| H - MB - (b as f64 / ymax) * (H - MB - 10.0);
+    let mut s = String::new();
+    let _ = write!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" id="iteration-peaks" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11" role="img" aria-label="peak memory per iteration">"#);
+    let _ = write!(s, r##"<line x1="{ML}" x2="{ML}" y1="8" y2="{0}" stroke="#444"/><line x1="{ML}" x2="{1}" y1="{0}" y2="{0}" stroke="#444"/>"##, H - MB, W - 10.0);
+    let step = byte_step(ymax as u64);
+    let mut t = 0u64;
+    while (t as f64) <= ymax {
+        let _ = write!(s, r##"<line x1="{ML}" x2="{0}" y1="{1:.1}" y2="{1:.1}" stroke="#eee"/><text x="{2}" y="{3:.1}" text-anchor="end" fill="#333">{4}</text>"##, W - 10.0, y(t), ML - 4.0, y(t) + 4.0, fs(t));
+        t += step;
+    }
+    let every = n.div_ceil(30);
+    for it in &ph.iterations {
+        let (x0, w) = (x(it.index) + bw * 0.15, bw * 0.7);
+        let color = if it.global_peak { "#08519c" } else { "#6baed6" };
+        let _ = write!(
+            s,
+            r##"<g class="iteration-bar{class}"><rect x="{x0:.1}" y="{ya:.1}" width="{w:.1}" height="{ha:.1}" fill="{color}"/><line x1="{x0:.1}" x2="{x1:.1}" y1="{yr:.1}" y2="{yr:.1}" stroke="#d62728" stroke-width="2"/><title>iteration {i}{partial}: peak allocated {pa}, peak reserved {pr}{ooms}</title></g>"##,
+            class = if it.global_peak { " peak" } else { "" },
+            ya = y(it.peaks.peak_allocated),
+            ha = (H - MB) - y(it.peaks.peak_allocated),
+            yr = y(it.peaks.peak_reserved),
+            x1 = x0 + w,
+            i = it.index,
+            partial = if it.complete { "" } else { " (partial)" },
+            pa = fs(it.peaks.peak_allocated),
+            pr = fs(it.peaks.peak_reserved),
+            ooms = if it.peaks.ooms > 0 { format!(", {} OOM{}", it.peaks.ooms, if it.peaks.ooms == 1 { "" } else { "s" }) } else { String::new() }
+        );
+        if it.index % every == 0 {
+            let _ = write!(s, r##"<text x="{:.1}" y="{}" text-anchor="middle" fill="#333">{}</text>"##, x(it.index) + bw / 2.0, H - MB + 14.0, it.index);
+        }
+    }
+    let _ = write!(s, r##"<text x="{}" y="{}" text-anchor="middle" fill="#333">iteration</text></svg>"##, ML + (W - ML) / 2.0, H - 2.0);
+    s
 }
 
 fn peak_request(o: &ReplayOutcome) -> u32 {
-    let (mut cur, mut best, mut at) = (0i64, -1i64, 0u32);
-    for e in &o.segment_events {
-        cur += if matches!(e.action, "segment_alloc" | "segment_map") { e.size as i64 } else { -(e.size as i64) };
-        if cur > best {
-            best = cur;
-            at = e.request;
-        }
-    }
-    at
+    o.peak_reserved_request().unwrap_or(0)
 }
 
 /// The timeline: reserved (solid), allocated (dashed) per run; the allowed maximum; OOM markers.
@@ -117,6 +216,9 @@ pub fn timeline_svg(r: &Report) -> String {
     let y = |b: u64| H - MB - (b as f64 / ymax) * (H - MB - 10.0);
     let mut s = String::new();
     let _ = write!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11" role="img" aria-label="memory timeline">"#);
+    if let Some(ph) = &r.phases {
+        phase_bands(&mut s, ph, &x);
+    }
     axes(&mut s, ymax as u64, r.requests, &x, &y);
     if let Some(c) = r.capacity {
         let _ = write!(s, r##"<line x1="{ML}" x2="{0}" y1="{1}" y2="{1}" stroke="#c00" stroke-dasharray="6 3"/><text x="{2}" y="{3}" fill="#c00">allowed {4}</text>"##, W - 10.0, y(c), W - 170.0, y(c) - 4.0, fs(c));
@@ -292,7 +394,26 @@ table{{border-collapse:collapse;font-size:13px}} td,th{{border:1px solid #ccc;pa
         let _ = write!(h, "<span style=\"background:{}\"></span>{}", COLORS[i % COLORS.len()], esc(&run.label));
     }
     h.push_str(" — solid: reserved, dashed: allocated; red triangles: OOMs; red dashed line: the allowed maximum. Each point is the maximum of its bucket of requests.</p>");
+    if let Some(ph) = &r.phases {
+        let _ = write!(h, "<p class=\"key\">Grey bands: iterations ({}).", esc(&source_words(&ph.source)));
+        for (name, color) in region_colors(ph) {
+            let _ = write!(h, "<span style=\"background:{color};height:6px\"></span>{}", esc(name));
+        }
+        h.push_str(" (regions, outermost, along the foot).</p>");
+    }
     h.push_str(&timeline_svg(r));
+    if let Some(ph) = &r.phases {
+        let peak = ph.peak_iteration.map_or(String::new(), |i| {
+            let it = &ph.iterations[i];
+            format!(" Iteration {i} first reached the run's peak allocated, {} (dark bar).", fs(it.peaks.peak_allocated))
+        });
+        let _ = write!(
+            h,
+            "<h2>Peak memory per iteration</h2><p>Bars: peak allocated; red ticks: peak reserved ({}), as <code>reset_peak_memory_stats()</code> at each iteration's start and <code>max_memory_allocated()</code> at its end would read them.{peak}</p>",
+            esc(&r.runs.first().map_or(String::new(), |run| run.label.clone()))
+        );
+        h.push_str(&iterations_svg(ph));
+    }
     for (label, m) in &r.oom_messages {
         let _ = write!(h, "<p><b>{}</b> — first OOM, as PyTorch reports it (without NVML's per-process sentence):</p><div class=\"msg\" id=\"oom-message\">{}</div>", esc(label), esc(m));
     }
@@ -304,4 +425,12 @@ table{{border-collapse:collapse;font-size:13px}} td,th{{border:1px solid #ccc;pa
     }
     h.push_str("</body></html>\n");
     h
+}
+
+fn source_words(s: &Source) -> String {
+    match s {
+        Source::Annotation { names } => format!("each ends with `{}`", names.join("`/`")),
+        Source::Pattern { repeats, .. } => format!("{repeats} repetitions of the request pattern"),
+        Source::Whole { .. } => "one: the whole trace".to_string(),
+    }
 }

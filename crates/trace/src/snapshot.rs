@@ -904,7 +904,7 @@ pub fn to_pickle(snap: &Snapshot) -> Vec<u8> {
         }
         _ => {
             p.str("external_annotations");
-            p.list(&snap.annotations, |p, a| annotation(p, a));
+            p.list(&snap.annotations, annotation);
         }
     });
     p.finish()
