@@ -257,16 +257,24 @@ fn compare_ranks_names_the_rank_that_spiked() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Without a memory fraction no replay runs out of memory; the run that recorded one is named,
-/// with the recorded time of its `oom` entry.
+/// The run that ran out of memory is named, with the recorded time of its `oom` entry: replayed
+/// under each file's own budget (inferred from its trace) it runs out where it did; replayed with
+/// room enough for both (`--capacity`), no replay runs out and the recorded OOM is named.
 #[test]
-fn compare_ranks_names_the_recorded_oom() {
+fn compare_ranks_names_the_oom() {
     let snap = allocsim_trace::read_trace(&root("traces/field/llama_oom__default.pickle.gz")).unwrap();
-    let oom_us = snap.device_traces[0].iter().find(|e| e.action == allocsim_trace::Action::Oom).unwrap().time_us;
-    let v = phases_json(&["compare", "--ranks", "traces/field/llama_train__default.pickle.gz", "traces/field/llama_oom__default.pickle.gz", "--json"]);
+    let t = &snap.device_traces[0];
+    let i = t.iter().position(|e| e.action == allocsim_trace::Action::Oom).unwrap();
+    let request = t[..i].iter().filter(|e| matches!(e.action, allocsim_trace::Action::Alloc | allocsim_trace::Action::Oom)).count() as u64;
+    let files = ["traces/field/llama_train__default.pickle.gz", "traces/field/llama_oom__default.pickle.gz"];
+    let v = phases_json(&["compare", "--ranks", files[0], files[1], "--json"]);
     let o = &v["first_oom"];
     assert!(o["file"].as_str().unwrap().ends_with("llama_oom__default.pickle.gz"), "{o}");
-    assert_eq!((o["recorded"].as_bool(), o["time_us"].as_i64()), (Some(true), Some(oom_us)));
+    assert_eq!((o["recorded"].as_bool(), o["request"].as_u64(), o["time_us"].as_i64()), (Some(false), Some(request), Some(t[i].time_us)));
+    let v = phases_json(&["compare", "--ranks", files[0], files[1], "--capacity", "100GiB", "--json"]);
+    let o = &v["first_oom"];
+    assert!(o["file"].as_str().unwrap().ends_with("llama_oom__default.pickle.gz"), "{o}");
+    assert_eq!((o["recorded"].as_bool(), o["request"].as_u64(), o["time_us"].as_i64()), (Some(true), None, Some(t[i].time_us)));
 }
 
 /// A process that drives two devices records its `record_function` scopes with the device

@@ -186,8 +186,8 @@ impl Sweep {
     }
 }
 
-/// Replays `prepared` under `config`, `capacity` and `placement` and measures every iteration and
-/// region of `layout`; `top_sites`: how many call sites to list at each iteration's peak (0: none,
+/// Replays `prepared` under `config`, `capacity` (`None`: the trace's own budget, see
+/// `Prepared::limits`) and `placement` and measures every iteration and region of `layout`; `top_sites`: how many call sites to list at each iteration's peak (0: none,
 /// and no second replay).
 pub fn measure(prepared: &Prepared, layout: &Layout, config: &AllocatorConfig, capacity: Option<u64>, placement: &Placement, top_sites: usize) -> Phases {
     let program = &prepared.program;
@@ -197,7 +197,8 @@ pub fn measure(prepared: &Prepared, layout: &Layout, config: &AllocatorConfig, c
     let spans: Vec<&Span> = layout.iterations.iter().map(|i| &i.span).chain(layout.regions.iter().map(|r| &r.span)).collect();
     let initial = program.initial.as_ref().map_or((0, 0), |s| (s.allocated_bytes(), s.reserved_bytes()));
     let mut sweep = Sweep::new(spans.iter().map(|s| window(s)).collect(), initial);
-    let opts = ReplayOptions { config: config.clone(), capacity, device_memory: prepared.device_memory, placement: placement.clone() };
+    // The limits every command replays under: `capacity` when given, else the trace's own budget.
+    let opts = prepared.options(config, &prepared.limits(capacity), placement.clone());
     let flags = &prepared.empty_cache;
     let outcome = replay_observed(program, &opts, SimDevice::new(prepared.device_memory, placement.clone()), |_, oi| flags.get(oi).copied().unwrap_or(false), |a, oi| {
         let s = &a.stats;

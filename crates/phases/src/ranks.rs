@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 
 use allocsim_model::AllocatorConfig;
-use allocsim_replay::Prepared;
+use allocsim_replay::{Prepared, TorchVersion};
 use rayon::prelude::*;
 
 use crate::layout::Layout;
@@ -26,9 +26,10 @@ use crate::measure::measure;
 pub struct RankSpec {
     /// A `PYTORCH_CUDA_ALLOC_CONF` string for every file (default: each file's own settings).
     pub config: Option<String>,
-    /// The allowed maximum for every file.
+    /// The allowed maximum for every file (`None`: each file's own budget, inferred from its trace).
     pub capacity: Option<u64>,
-    pub device_memory: u64,
+    /// The device's total memory (`None`: as each trace shows it, else an H200's).
+    pub device_memory: Option<u64>,
     /// Which device of each snapshot (default: the first with entries).
     pub device: Option<usize>,
     /// Iterations by this annotation (see [`Layout::of`]).
@@ -133,7 +134,7 @@ fn row(path: &Path, spec: &RankSpec) -> RunRow {
 
 fn measure_file(path: &Path, spec: &RankSpec, r: &mut RunRow) -> Result<(), String> {
     let snap = allocsim_trace::read_trace(path).map_err(|e| e.to_string())?;
-    let p = Prepared::new(&snap, spec.device, spec.device_memory, None).map_err(|e| e.to_string())?;
+    let p = Prepared::new_for(&snap, spec.device, spec.device_memory, None, TorchVersion::DEFAULT).map_err(|e| e.to_string())?;
     let config = match &spec.config {
         Some(c) => AllocatorConfig::parse(c).map_err(|e| format!("--config {c:?}: {e}"))?,
         None => p.own.clone(),
