@@ -187,8 +187,9 @@ impl Sweep {
 }
 
 /// Replays `prepared` under `config`, `capacity` (`None`: the trace's own budget, see
-/// `Prepared::limits`) and `placement` and measures every iteration and region of `layout`; `top_sites`: how many call sites to list at each iteration's peak (0: none,
-/// and no second replay).
+/// `Prepared::limits`) and `placement` and measures every iteration and region of `layout`;
+/// `top_sites`: how many call sites to list at each iteration's peak (0: none, and no second
+/// replay).
 pub fn measure(prepared: &Prepared, layout: &Layout, config: &AllocatorConfig, capacity: Option<u64>, placement: &Placement, top_sites: usize) -> Phases {
     let program = &prepared.program;
     let op_index = program.op_trace_indices(&prepared.trace, &prepared.segments);
