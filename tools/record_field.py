@@ -469,6 +469,105 @@ def w_compile_train(ctx):
         opt.zero_grad(set_to_none=True)
 
 
+def w_mempool_serving(ctx):
+    """vLLM-like: weights in one MemPool kept for the run, a KV cache in a second pool that is dropped and
+    re-created ("sleep mode"), activations outside, a pool used from a side stream."""
+    torch = ctx.torch
+    rng = random.Random(7)
+    side = torch.cuda.Stream()
+    wpool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(wpool):
+        weights = [torch.empty(rng.choice([3, 9, 17, 33]) * MiB + rng.randrange(0, 4096), dtype=torch.uint8,
+                               device="cuda") for _ in range(10)]
+    for rnd in range(5):
+        ctx.step = rnd
+        kv = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(kv):
+            blocks = [torch.empty((20 + 6 * rnd) * MiB, dtype=torch.uint8, device="cuda") for _ in range(3)]
+            small = [torch.empty(rng.randrange(512, 900_000), dtype=torch.uint8, device="cuda") for _ in range(5)]
+        for i in range(6):
+            act = [torch.empty(rng.randrange(1, 40) * 100_000, dtype=torch.uint8, device="cuda") for _ in range(4)]
+            with torch.cuda.stream(side):
+                with torch.cuda.use_mem_pool(kv):
+                    extra = torch.empty(rng.randrange(1, 6) * MiB, dtype=torch.uint8, device="cuda")
+                extra.fill_(0)
+            side.synchronize()
+            del act, extra
+        del blocks[1], small[::2]
+        if rnd % 2 == 0:
+            del blocks, small, kv
+            torch.cuda.empty_cache()
+        else:
+            del blocks, small
+            torch.cuda.empty_cache()
+            del kv
+    del weights
+    torch.cuda.empty_cache()
+    del wpool
+    torch.cuda.empty_cache()
+
+
+def w_graph_batches(ctx):
+    """Serving-engine style: CUDA graphs captured for several batch sizes (largest first) into one shared
+    pool, replayed, then a second model's graphs into a fresh pool; eager work between."""
+    torch = ctx.torch
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 3072), torch.nn.GELU(), torch.nn.Linear(3072, 1024)).cuda()
+    pool = torch.cuda.graph_pool_handle()
+    s = torch.cuda.Stream()
+    graphs = {}
+    for bs in (256, 128, 64, 32, 8):
+        x = torch.randn(bs, 1024, device="cuda")
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            model(x)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            y = model(x)
+        graphs[bs] = (g, x, y)
+    for i in range(8):
+        ctx.step = i
+        for bs in (8, 64, 256):
+            graphs[bs][0].replay()
+        tmp = torch.empty((i % 3 + 1) * 5 * MiB, dtype=torch.uint8, device="cuda")
+        del tmp
+    torch.cuda.synchronize()
+    del graphs, g, x, y
+    torch.cuda.empty_cache()
+    m2 = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU()).cuda()
+    g2 = torch.cuda.CUDAGraph()
+    x2 = torch.randn(96, 2048, device="cuda")
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        m2(x2)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g2):
+        y2 = m2(x2)
+    for _ in range(3):
+        g2.replay()
+    torch.cuda.synchronize()
+    del g2, y2
+    torch.cuda.empty_cache()
+
+
+def w_compile_infer2(ctx):
+    """torch.compile(mode="reduce-overhead") of a deeper model, another batch-size sequence, eager work that
+    stays alive across calls."""
+    torch = ctx.torch
+    model = torch.nn.Sequential(mlp(torch, 768), mlp(torch, 768)).eval()
+    cm = torch.compile(model, mode="reduce-overhead")
+    keep = []
+    with torch.no_grad():
+        for i, bs in enumerate([32, 32, 96, 96, 96, 32, 200, 200, 200, 96, 32, 32]):
+            ctx.step = i
+            out = cm(torch.randn(bs, 768, device="cuda")).clone()
+            keep.append(out)
+            if len(keep) > 3:
+                keep.pop(0)
+            tmp = torch.empty((i % 5 + 1) * 2 * MiB, dtype=torch.uint8, device="cuda")
+            del tmp
+
+
 WORKLOADS = {
     "frag": w_frag,
     "train": w_train,
@@ -483,6 +582,9 @@ WORKLOADS = {
     "graphs": w_graphs,
     "compile_infer": w_compile_infer,
     "compile_train": w_compile_train,
+    "mempool_serving": w_mempool_serving,
+    "graph_batches": w_graph_batches,
+    "compile_infer2": w_compile_infer2,
 }
 
 

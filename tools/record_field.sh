@@ -4,7 +4,9 @@
 #   OUT=out GROUP=oom bash tools/record_field.sh
 #
 # GROUP picks the runs (one or more, space-separated): `oom` (device full, neighbour moving, fraction caps, C++ stacks, Llama), `pools`
-# (MemPool, shared graph pools), `compile` (torch.compile reduce-overhead). Each run is a fresh process with a
+# (MemPool, shared graph pools), `compile` (torch.compile reduce-overhead),
+# `heldout` (pool and compile variants kept apart to check the pool model on runs it was not built from), `stacks`
+# (C++ frames, the default stacks="all"). Each run is a fresh process with a
 # time limit; results land in $OUT as res.tar.part-* (15 MB pieces: cat them and untar) and log.txt.
 set -u
 OUT=${OUT:-out}
@@ -58,6 +60,17 @@ compile)
   run compile_infer__expandable compile_infer --conf $ES --compile-context
   run compile_train__default compile_train --compile-context
   run compile_train__expandable compile_train --conf $ES --compile-context
+  ;;
+heldout)
+  run mempool_serving__default mempool_serving
+  run mempool_serving__expandable mempool_serving --conf $ES
+  run graph_batches__default graph_batches
+  run graph_batches__expandable graph_batches --conf $ES
+  run compile_infer2__default compile_infer2 --compile-context
+  run compile_infer2__expandable compile_infer2 --conf $ES --compile-context
+  ;;
+stacks)
+  run tiny_stacks_all__default tiny --defaults
   ;;
 esac
 done
