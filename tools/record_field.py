@@ -18,6 +18,7 @@ but N MiB, as the job's own CUDA context sees it; workloads can move that target
 Needs torch (2.11 was used) and a GPU.
 """
 import argparse
+import random
 import contextlib
 import gzip
 import json
