@@ -1,0 +1,436 @@
+//! Which requests went to which private pool (CUDA graphs, `torch.cuda.MemPool`), and what
+//! happened to the pools' users, from what a 2.11 snapshot records. The trace does not name a
+//! request's pool, nor record `beginAllocateToPool`, `releasePool` or a MemPool's destructor; it
+//! does record where every block and segment was, on which stream, and in which order segments
+//! were released. The final segments name the pool of the segments still alive.
+//!
+//! * **Segment instances.** Every block lies in a segment: a `segment_alloc` … `segment_free`
+//!   range, or an expandable segment's reservation (one per stream, pool and size class, from its
+//!   first `segment_map` until nothing of it is mapped). All blocks of a segment belong to its
+//!   pool, so a request is routed to the pool of the segment its recorded address lies in, and
+//!   the question is each segment's pool.
+//! * **Labels.** A segment alive at the end has its final `segment_pool_id`. Every other one
+//!   starts in the default pools; a replay under the trace's own settings then shows where that
+//!   reading fails (the first request placed elsewhere than recorded, or the first segment event
+//!   that differs), and the segments involved there (the one the request was recorded in, the one
+//!   the model put it in, those of the differing events, the latest ones made before) are tried
+//!   in another pool: a new one, one of the latest private pools, or the default pools. The
+//!   reading that reproduces the trace furthest is kept, and the search goes on from its first
+//!   divergence. Where two readings fit equally far, the one that changes less is kept.
+//! * **Ids.** A pool with a segment alive at the end has that id; the others get MemPool ids
+//!   `(0, n)` in the order of their first segment, counting on from the known ones (MemPools are
+//!   numbered as they are made, from 1), which decides the order in which `release_cached_blocks`
+//!   visits them (`graph_pools_freeable`).
+//! * **Users.** A run of segment releases that starts with a private pool's segments is read as
+//!   that MemPool's destructor (`releasePool`, then `emptyCache(id)`: its small pool, then its
+//!   large), pool by pool, followed by whatever the rest of the run is (an `empty_cache()` or a
+//!   malloc's own releases). A private pool whose segments appear later in a run became freeable
+//!   just before it (`releasePool` to 0). A pool that is never seen released keeps its users.
+//! * **`use_on_oom`.** A request recorded in a private pool's cached block while the default
+//!   pools could not serve it under the allowed maximum is read as `try_mempool_fallback`: the
+//!   request stays in the default route and the pool is marked `use_on_oom`.
+//! * **Checkpoints.** CUDA-graph trees restore their pool to a checkpoint before recording a new
+//!   graph (`_cuda_setCheckpointPoolState`, from `apply_checkpoint_execution_state_in_allocator`):
+//!   the allocations it makes are the checkpoint's blocks, taken in place, not mallocs. They are
+//!   recognised by that frame in their recorded stack.
+
+use allocsim_model::allocator::{MempoolId, Route};
+use allocsim_trace::hash::IntMap;
+use allocsim_trace::{Action, Frame, SnapshotSegment, TraceEntry};
+
+use crate::program::{Op, PoolAction, Program};
+use crate::replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, replay};
+
+/// Frames that mark an allocation made by `_cuda_setCheckpointPoolState`.
+const CHECKPOINT_FRAMES: &[&str] = &["apply_checkpoint_execution_state_in_allocator", "setCheckpointPoolState", "_set_checkpoint_pool_state"];
+
+/// Whether a recorded stack is that of a checkpoint restoration.
+pub fn is_checkpoint_stack(frames: &[Frame]) -> bool {
+    frames.iter().any(|f| CHECKPOINT_FRAMES.iter().any(|n| f.name.contains(n)))
+}
+
+/// Marks the requests `_cuda_setCheckpointPoolState` made (see the module documentation).
+pub fn mark_checkpoint_allocations(program: &mut Program, stacks: &[Vec<Frame>]) {
+    let marked: Vec<bool> = stacks.iter().map(|s| is_checkpoint_stack(s)).collect();
+    for r in &mut program.requests {
+        r.checkpoint = !r.recorded_oom && marked.get(r.stack as usize).copied().unwrap_or(false);
+    }
+}
+
+/// One segment's life: a cudaMalloc'd range, or an expandable segment's reservation.
+#[derive(Clone, Debug)]
+struct Instance {
+    stream: u64,
+    /// The request during (or before) which it was made.
+    created: u32,
+    /// The request before which it was released (`u32::MAX`: alive at the end).
+    released: u32,
+    lo: u64,
+    hi: u64,
+    /// Its final `segment_pool_id`, when alive at the end.
+    final_pool: Option<MempoolId>,
+}
+
+/// The instances of a trace, the instance each request lies in, and the instance each release
+/// entry (by trace index) releases.
+struct Instances {
+    all: Vec<Instance>,
+    of_request: Vec<Option<u32>>,
+    of_release: IntMap<u32, u32>,
+}
+
+fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: u64) -> Instances {
+    let reservation = (device_memory + device_memory / 8).div_ceil(2 << 20) * (2 << 20);
+    let mut all: Vec<Instance> = Vec::new();
+    let mut live: Vec<u32> = Vec::new();
+    // Mapped bytes per live expandable instance.
+    let mut mapped: IntMap<u32, u64> = IntMap::default();
+    let mut of_request = Vec::new();
+    let mut of_release = IntMap::default();
+    let mut req = 0u32;
+    let find = |all: &[Instance], live: &[u32], addr: u64| live.iter().copied().find(|&i| addr >= all[i as usize].lo && addr < all[i as usize].hi);
+    for (ti, e) in trace.iter().enumerate() {
+        match e.action {
+            Action::SegmentAlloc => {
+                live.push(all.len() as u32);
+                all.push(Instance { stream: e.stream, created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(e.size), final_pool: None });
+            }
+            Action::SegmentMap => match find(&all, &live, e.addr) {
+                Some(i) => *mapped.entry(i).or_default() += e.size,
+                None => {
+                    let i = all.len() as u32;
+                    live.push(i);
+                    mapped.insert(i, e.size);
+                    all.push(Instance { stream: e.stream, created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(reservation), final_pool: None });
+                }
+            },
+            Action::SegmentFree => {
+                if let Some(i) = find(&all, &live, e.addr) {
+                    of_release.insert(ti as u32, i);
+                    all[i as usize].released = req;
+                    live.retain(|&x| x != i);
+                }
+            }
+            Action::SegmentUnmap => {
+                if let Some(i) = find(&all, &live, e.addr) {
+                    of_release.insert(ti as u32, i);
+                    let m = mapped.entry(i).or_default();
+                    *m = m.saturating_sub(e.size);
+                    if *m == 0 {
+                        all[i as usize].released = req;
+                        live.retain(|&x| x != i);
+                    }
+                }
+            }
+            Action::Alloc => {
+                of_request.push(find(&all, &live, e.addr));
+                req += 1;
+            }
+            Action::Oom => {
+                of_request.push(None);
+                req += 1;
+            }
+            _ => {}
+        }
+    }
+    for s in segments.iter().filter(|s| s.pool_id != (0, 0)) {
+        if let Some(i) = find(&all, &live, s.address) {
+            all[i as usize].final_pool = Some(s.pool_id);
+        }
+    }
+    Instances { all, of_request, of_release }
+}
+
+/// A segment's pool: the default pools, or private pool group `.0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Label {
+    Default,
+    Pool(u32),
+}
+
+/// What the inference concluded, for the report.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolInference {
+    /// Private pools found (id, whether the id was recorded in the final segments).
+    pub pools: Vec<(MempoolId, bool)>,
+    /// Replays tried.
+    pub trials: usize,
+    /// Whether the final reading reproduces the trace (segment events and addresses).
+    pub exact: bool,
+}
+
+struct Plan {
+    labels: Vec<Label>,
+    /// Per group: the known id, if any.
+    groups: Vec<Option<MempoolId>>,
+}
+
+impl Plan {
+    /// Group ids: known ones, else `(0, n)` counting on in order of first segment.
+    fn ids(&self, inst: &Instances) -> Vec<MempoolId> {
+        let mut first: Vec<Option<u32>> = vec![None; self.groups.len()];
+        for (i, l) in self.labels.iter().enumerate() {
+            if let Label::Pool(g) = *l
+                && first[g as usize].is_none_or(|c| inst.all[i].created < c)
+            {
+                first[g as usize] = Some(inst.all[i].created);
+            }
+        }
+        let mut order: Vec<usize> = (0..self.groups.len()).collect();
+        order.sort_by_key(|&g| first[g].unwrap_or(u32::MAX));
+        let taken: Vec<MempoolId> = self.groups.iter().flatten().copied().collect();
+        let mut ids = vec![(0, 0); self.groups.len()];
+        let mut n = 1i64;
+        for g in order {
+            match self.groups[g] {
+                Some(id) => {
+                    ids[g] = id;
+                    if id.0 == 0 {
+                        n = n.max(id.1 + 1);
+                    }
+                }
+                None => {
+                    while taken.contains(&(0, n)) {
+                        n += 1;
+                    }
+                    ids[g] = (0, n);
+                    n += 1;
+                }
+            }
+        }
+        ids
+    }
+
+    /// The program with this reading's routes and pool actions.
+    fn apply(&self, base: &Program, trace: &[TraceEntry], inst: &Instances) -> Program {
+        let ids = self.ids(inst);
+        let mut p = base.clone();
+        p.private_pools.clear();
+        p.pool_actions.clear();
+        for (q, r) in p.requests.iter_mut().enumerate() {
+            r.route = match inst.of_request.get(q).copied().flatten().map(|i| self.labels[i as usize]) {
+                Some(Label::Pool(g)) => Route::Private(ids[g as usize]),
+                _ => Route::Default,
+            };
+            if let Route::Private(id) = r.route
+                && !p.private_pools.contains(&id)
+            {
+                p.private_pools.push(id);
+            }
+        }
+        let mut freeable: Vec<MempoolId> = Vec::new();
+        for (oi, op) in p.ops.iter_mut().enumerate() {
+            let Op::ReleaseRun { start, end } = *op else { continue };
+            let pool_of = |ti: u32| match inst.of_release.get(&ti).map(|&i| self.labels[i as usize]) {
+                Some(Label::Pool(g)) => Some(ids[g as usize]),
+                _ => None,
+            };
+            // Leading private segments: MemPool destructors, pool by pool.
+            let mut k = start;
+            while k < end {
+                let Some(id) = pool_of(k) else { break };
+                p.pool_actions.push((oi as u32, PoolAction::DropMemPool(id)));
+                freeable.push(id);
+                while k < end && pool_of(k) == Some(id) {
+                    k += 1;
+                }
+            }
+            for ti in k..end {
+                if let Some(id) = pool_of(ti)
+                    && !freeable.contains(&id)
+                {
+                    p.pool_actions.push((oi as u32, PoolAction::ReleasePool(id)));
+                    freeable.push(id);
+                }
+            }
+            *op = Op::ReleaseRun { start: k, end };
+        }
+        p
+    }
+}
+
+/// How far a replay reproduces the trace: the first request at which it differs (in an address
+/// or a segment event), then how many addresses it reproduces.
+fn score(o: &ReplayOutcome, p: &Program, recorded: &[(u32, &'static str, u64, u64)]) -> (u32, usize) {
+    let mut first = u32::MAX;
+    for (k, r) in recorded.iter().enumerate() {
+        match o.segment_events.get(k) {
+            Some(e) if (e.request, e.action, e.addr, e.size) == *r => {}
+            Some(e) => {
+                first = r.0.min(e.request);
+                break;
+            }
+            None => {
+                first = r.0;
+                break;
+            }
+        }
+    }
+    if first == u32::MAX && o.segment_events.len() > recorded.len() {
+        first = o.segment_events[recorded.len()].request;
+    }
+    let mut matched = 0;
+    for (q, r) in p.requests.iter().enumerate() {
+        if r.recorded_oom {
+            continue;
+        }
+        if o.addresses[q] == Some(r.recorded_addr) {
+            matched += 1;
+        } else {
+            first = first.min(q as u32);
+        }
+    }
+    (first, matched)
+}
+
+/// At most this many replays per trace.
+const MAX_TRIALS: usize = 3000;
+
+/// Infers the private pools of `program` (built from `trace` and `segments`) by replaying under
+/// `opts` (the trace's own settings, addresses and budget), and rewrites its routes and pool
+/// actions. Leaves the program as it was when nothing better is found.
+pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSegment], opts: &ReplayOptions) -> PoolInference {
+    let inst = instances(trace, segments, opts.device_memory);
+    let (recorded, _) = crate::budget::recorded_events(trace);
+    let mut groups: Vec<Option<MempoolId>> = Vec::new();
+    let mut labels = Vec::with_capacity(inst.all.len());
+    for s in &inst.all {
+        labels.push(match s.final_pool {
+            Some(id) => {
+                let g = groups.iter().position(|&x| x == Some(id)).unwrap_or_else(|| {
+                    groups.push(Some(id));
+                    groups.len() - 1
+                });
+                Label::Pool(g as u32)
+            }
+            None => Label::Default,
+        });
+    }
+    let mut plan = Plan { labels, groups };
+    let run = |plan: &Plan| {
+        let p = plan.apply(program, trace, &inst);
+        let o = replay(&p, opts, EmptyCacheCalls::Infer(trace));
+        let s = score(&o, &p, &recorded);
+        (p, o, s)
+    };
+    let (mut best_p, mut best_o, mut best) = run(&plan);
+    let mut trials = 1;
+    while best.0 != u32::MAX && trials < MAX_TRIALS {
+        let d = best.0;
+        let candidates = candidates(&inst, &best_o, &best_p, &recorded, d);
+        let mut improved: Option<(Plan, Program, ReplayOutcome, (u32, usize))> = None;
+        for c in candidates {
+            if inst.all[c as usize].final_pool.is_some() {
+                continue;
+            }
+            for label in options(&plan, &inst, c) {
+                if label == plan.labels[c as usize] || trials >= MAX_TRIALS {
+                    continue;
+                }
+                let mut t = Plan { labels: plan.labels.clone(), groups: plan.groups.clone() };
+                if let Label::Pool(g) = label
+                    && g as usize == t.groups.len()
+                {
+                    t.groups.push(None);
+                }
+                t.labels[c as usize] = label;
+                let (p, o, s) = run(&t);
+                trials += 1;
+                let bar = improved.as_ref().map_or(best, |x| x.3);
+                if s.0 > bar.0 || (s.0 == bar.0 && s.1 > bar.1 && s.0 > best.0) {
+                    improved = Some((t, p, o, s));
+                }
+            }
+        }
+        match improved {
+            Some((t, p, o, s)) => {
+                plan = t;
+                best_p = p;
+                best_o = o;
+                best = s;
+            }
+            None => break,
+        }
+    }
+    // Drop groups no label uses (a search step may leave one behind).
+    let ids = plan.ids(&inst);
+    let used: Vec<u32> = plan.labels.iter().filter_map(|l| if let Label::Pool(g) = *l { Some(g) } else { None }).collect();
+    let mut pools: Vec<(MempoolId, bool)> = Vec::new();
+    for g in 0..plan.groups.len() as u32 {
+        if used.contains(&g) && !pools.iter().any(|x| x.0 == ids[g as usize]) {
+            pools.push((ids[g as usize], plan.groups[g as usize].is_some()));
+        }
+    }
+    *program = best_p;
+    PoolInference { pools, trials, exact: best.0 == u32::MAX }
+}
+
+/// The segments worth relabelling at a divergence at request `d`.
+fn candidates(inst: &Instances, o: &ReplayOutcome, p: &Program, recorded: &[(u32, &'static str, u64, u64)], d: u32) -> Vec<u32> {
+    let mut c: Vec<u32> = Vec::new();
+    let mut add = |i: Option<u32>| {
+        if let Some(i) = i
+            && !c.contains(&i)
+        {
+            c.push(i);
+        }
+    };
+    let live_at = |addr: u64, q: u32| {
+        inst.all.iter().enumerate().rev().find(|(_, s)| s.created <= q && s.released >= q && addr >= s.lo && addr < s.hi).map(|(i, _)| i as u32)
+    };
+    if let Some(r) = p.requests.get(d as usize) {
+        add(inst.of_request.get(d as usize).copied().flatten());
+        if let Some(Some(a)) = o.addresses.get(d as usize)
+            && Some(*a) != Some(r.recorded_addr)
+        {
+            add(live_at(*a, d));
+        }
+    }
+    for e in recorded.iter().filter(|e| e.0 == d) {
+        add(live_at(e.2, d));
+    }
+    for e in o.segment_events.iter().filter(|e| e.request == d) {
+        add(live_at(e.addr, d));
+    }
+    // The latest segments made up to here.
+    let mut recent: Vec<u32> = (0..inst.all.len() as u32).filter(|&i| inst.all[i as usize].created <= d).collect();
+    recent.sort_by_key(|&i| std::cmp::Reverse(inst.all[i as usize].created));
+    for i in recent.into_iter().take(4) {
+        add(Some(i));
+    }
+    c
+}
+
+/// The pools a segment may be tried in: a new private pool, the private pools of the latest
+/// segments made on its stream before it, the default pools.
+fn options(plan: &Plan, inst: &Instances, c: u32) -> Vec<Label> {
+    let mut v = vec![Label::Pool(plan.groups.len() as u32)];
+    let me = &inst.all[c as usize];
+    let mut before: Vec<usize> = (0..inst.all.len()).filter(|&i| i as u32 != c && inst.all[i].created <= me.created).collect();
+    before.sort_by_key(|&i| std::cmp::Reverse((inst.all[i].created, i)));
+    for i in before {
+        if let Label::Pool(g) = plan.labels[i]
+            && !v.contains(&Label::Pool(g))
+        {
+            v.push(Label::Pool(g));
+            if v.len() >= 4 {
+                break;
+            }
+        }
+    }
+    v.push(Label::Default);
+    v
+}
+
+/// Whether a replay reproduces every recorded segment event and address.
+pub fn self_replay_exact(o: &ReplayOutcome, p: &Program, trace: &[TraceEntry]) -> bool {
+    let (recorded, _) = crate::budget::recorded_events(trace);
+    score(o, p, &recorded).0 == u32::MAX
+}
+
+/// Whether private pools could explain a trace's divergence: it has segments on a stream or a
+/// release order the default pools alone cannot make. Cheap and conservative: any trace with
+/// segment events qualifies unless it has none at all.
+pub fn worth_inferring(trace: &[TraceEntry]) -> bool {
+    trace.iter().any(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap))
+}
