@@ -60,7 +60,6 @@ pub fn mark_checkpoint_allocations(program: &mut Program, stacks: &[Vec<Frame>])
 /// One segment's life: a cudaMalloc'd range, or an expandable segment's reservation.
 #[derive(Clone, Debug)]
 struct Instance {
-    stream: u64,
     /// The request during (or before) which it was made.
     created: u32,
     /// The request before which it was released (`u32::MAX`: alive at the end).
@@ -93,7 +92,7 @@ fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: 
         match e.action {
             Action::SegmentAlloc => {
                 live.push(all.len() as u32);
-                all.push(Instance { stream: e.stream, created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(e.size), final_pool: None });
+                all.push(Instance { created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(e.size), final_pool: None });
             }
             Action::SegmentMap => match find(&all, &live, e.addr) {
                 Some(i) => *mapped.entry(i).or_default() += e.size,
@@ -101,7 +100,7 @@ fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: 
                     let i = all.len() as u32;
                     live.push(i);
                     mapped.insert(i, e.size);
-                    all.push(Instance { stream: e.stream, created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(reservation), final_pool: None });
+                    all.push(Instance { created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(reservation), final_pool: None });
                 }
             },
             Action::SegmentFree => {
@@ -202,7 +201,7 @@ impl Plan {
     }
 
     /// The program with this reading's routes and pool actions.
-    fn apply(&self, base: &Program, trace: &[TraceEntry], inst: &Instances) -> Program {
+    fn apply(&self, base: &Program, inst: &Instances) -> Program {
         let ids = self.ids(inst);
         let mut p = base.clone();
         p.private_pools.clear();
@@ -250,18 +249,23 @@ impl Plan {
 }
 
 /// How far a replay reproduces the trace: the first request at which it differs (in an address
-/// or a segment event), then how many addresses it reproduces.
-fn score(o: &ReplayOutcome, p: &Program, recorded: &[(u32, &'static str, u64, u64)]) -> (u32, usize) {
+/// or a segment event), then how many segment events it reproduces before differing, then how
+/// many of that request's segment events it makes in the recorded order (the longest common
+/// subsequence: a release run partly in order), then how many addresses it reproduces.
+fn score(o: &ReplayOutcome, p: &Program, recorded: &[(u32, &'static str, u64, u64)]) -> (u32, usize, usize, usize) {
     let mut first = u32::MAX;
+    let mut prefix = recorded.len();
     for (k, r) in recorded.iter().enumerate() {
         match o.segment_events.get(k) {
             Some(e) if (e.request, e.action, e.addr, e.size) == *r => {}
             Some(e) => {
                 first = r.0.min(e.request);
+                prefix = k;
                 break;
             }
             None => {
                 first = r.0;
+                prefix = k;
                 break;
             }
         }
@@ -280,7 +284,27 @@ fn score(o: &ReplayOutcome, p: &Program, recorded: &[(u32, &'static str, u64, u6
             first = first.min(q as u32);
         }
     }
-    (first, matched)
+    let at = |v: Vec<(u32, &'static str, u64, u64)>| v;
+    let rec = at(recorded.iter().filter(|e| e.0 == first).copied().collect());
+    let sim = at(o.segment_events.iter().filter(|e| e.request == first).map(|e| (e.request, e.action, e.addr, e.size)).collect());
+    (first, prefix, lcs(&rec, &sim), matched)
+}
+
+/// The length of the longest common subsequence (for short runs of events).
+fn lcs<T: PartialEq>(a: &[T], b: &[T]) -> usize {
+    if a.len() * b.len() > 1 << 20 {
+        return a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    }
+    let mut row = vec![0usize; b.len() + 1];
+    for x in a {
+        let mut diag = 0;
+        for (j, y) in b.iter().enumerate() {
+            let up = row[j + 1];
+            row[j + 1] = if x == y { diag + 1 } else { up.max(row[j]) };
+            diag = up;
+        }
+    }
+    row[b.len()]
 }
 
 /// At most this many replays per trace.
@@ -308,7 +332,7 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
     }
     let mut plan = Plan { labels, groups };
     let run = |plan: &Plan| {
-        let p = plan.apply(program, trace, &inst);
+        let p = plan.apply(program, &inst);
         let o = replay(&p, opts, EmptyCacheCalls::Infer(trace));
         let s = score(&o, &p, &recorded);
         (p, o, s)
@@ -318,7 +342,10 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
     while best.0 != u32::MAX && trials < MAX_TRIALS {
         let d = best.0;
         let candidates = candidates(&inst, &best_o, &best_p, &recorded, d);
-        let mut improved: Option<(Plan, Program, ReplayOutcome, (u32, usize))> = None;
+        if std::env::var_os("ALLOCSIM_DEBUG_POOLS").is_some() {
+            eprintln!("pools: score {best:?}, candidates {:?}", candidates.iter().map(|&c| (c, format!("{:#x}", inst.all[c as usize].lo), plan.labels[c as usize])).collect::<Vec<_>>());
+        }
+        let mut improved: Option<(Plan, Program, ReplayOutcome, (u32, usize, usize, usize))> = None;
         for c in candidates {
             if inst.all[c as usize].final_pool.is_some() {
                 continue;
@@ -337,7 +364,7 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
                 let (p, o, s) = run(&t);
                 trials += 1;
                 let bar = improved.as_ref().map_or(best, |x| x.3);
-                if s.0 > bar.0 || (s.0 == bar.0 && s.1 > bar.1 && s.0 > best.0) {
+                if s > bar {
                     improved = Some((t, p, o, s));
                 }
             }
@@ -375,22 +402,33 @@ fn candidates(inst: &Instances, o: &ReplayOutcome, p: &Program, recorded: &[(u32
             c.push(i);
         }
     };
-    let live_at = |addr: u64, q: u32| {
-        inst.all.iter().enumerate().rev().find(|(_, s)| s.created <= q && s.released >= q && addr >= s.lo && addr < s.hi).map(|(i, _)| i as u32)
+    // The segment holding `addr` while request `q` ran; for a segment event, the one it made
+    // (`created == q`) or released (`released == q`).
+    let holding = |addr: u64, q: u32| {
+        inst.all.iter().enumerate().find(|(_, s)| s.created <= q && s.released > q && addr >= s.lo && addr < s.hi).map(|(i, _)| i as u32)
+    };
+    let event_of = |action: &str, addr: u64, q: u32| {
+        let made = matches!(action, "segment_alloc" | "segment_map");
+        inst.all
+            .iter()
+            .enumerate()
+            .find(|(_, s)| addr >= s.lo && addr < s.hi && if made { s.created == q } else { s.released == q })
+            .map(|(i, _)| i as u32)
+            .or_else(|| holding(addr, q))
     };
     if let Some(r) = p.requests.get(d as usize) {
         add(inst.of_request.get(d as usize).copied().flatten());
         if let Some(Some(a)) = o.addresses.get(d as usize)
             && Some(*a) != Some(r.recorded_addr)
         {
-            add(live_at(*a, d));
+            add(holding(*a, d));
         }
     }
     for e in recorded.iter().filter(|e| e.0 == d) {
-        add(live_at(e.2, d));
+        add(event_of(e.1, e.2, d));
     }
     for e in o.segment_events.iter().filter(|e| e.request == d) {
-        add(live_at(e.addr, d));
+        add(event_of(e.action, e.addr, d));
     }
     // The latest segments made up to here.
     let mut recent: Vec<u32> = (0..inst.all.len() as u32).filter(|&i| inst.all[i as usize].created <= d).collect();
@@ -401,14 +439,13 @@ fn candidates(inst: &Instances, o: &ReplayOutcome, p: &Program, recorded: &[(u32
     c
 }
 
-/// The pools a segment may be tried in: a new private pool, the private pools of the latest
-/// segments made on its stream before it, the default pools.
+/// The pools a segment may be tried in: a new private pool, the private pools of the segments
+/// made nearest to it (before or after), the default pools.
 fn options(plan: &Plan, inst: &Instances, c: u32) -> Vec<Label> {
     let mut v = vec![Label::Pool(plan.groups.len() as u32)];
-    let me = &inst.all[c as usize];
-    let mut before: Vec<usize> = (0..inst.all.len()).filter(|&i| i as u32 != c && inst.all[i].created <= me.created).collect();
-    before.sort_by_key(|&i| std::cmp::Reverse((inst.all[i].created, i)));
-    for i in before {
+    let mut near: Vec<usize> = (0..inst.all.len()).filter(|&i| i as u32 != c).collect();
+    near.sort_by_key(|&i| (i as i64 - c as i64).unsigned_abs());
+    for i in near {
         if let Label::Pool(g) = plan.labels[i]
             && !v.contains(&Label::Pool(g))
         {
