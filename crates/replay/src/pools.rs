@@ -164,7 +164,25 @@ struct Plan {
     groups: Vec<Option<MempoolId>>,
 }
 
+/// See [`score`].
+type Score = (u32, usize, usize, usize, i64);
+
 impl Plan {
+    /// The groups some segment uses, in the order of their first segment.
+    fn group_order(&self, inst: &Instances) -> Vec<u32> {
+        let mut order: Vec<u32> = Vec::new();
+        let mut by_creation: Vec<usize> = (0..self.labels.len()).collect();
+        by_creation.sort_by_key(|&i| (inst.all[i].created, i));
+        for i in by_creation {
+            if let Label::Pool(g) = self.labels[i]
+                && !order.contains(&g)
+            {
+                order.push(g);
+            }
+        }
+        order
+    }
+
     /// Group ids: known ones, else `(0, n)` counting on in order of first segment.
     fn ids(&self, inst: &Instances) -> Vec<MempoolId> {
         let mut first: Vec<Option<u32>> = vec![None; self.groups.len()];
@@ -252,7 +270,7 @@ impl Plan {
 /// or a segment event), then how many segment events it reproduces before differing, then how
 /// many of that request's segment events it makes in the recorded order (the longest common
 /// subsequence: a release run partly in order), then how many addresses it reproduces.
-fn score(o: &ReplayOutcome, p: &Program, recorded: &[(u32, &'static str, u64, u64)]) -> (u32, usize, usize, usize) {
+fn score(o: &ReplayOutcome, p: &Program, recorded: &[(u32, &'static str, u64, u64)]) -> Score {
     let mut first = u32::MAX;
     let mut prefix = recorded.len();
     for (k, r) in recorded.iter().enumerate() {
@@ -287,7 +305,10 @@ fn score(o: &ReplayOutcome, p: &Program, recorded: &[(u32, &'static str, u64, u6
     let at = |v: Vec<(u32, &'static str, u64, u64)>| v;
     let rec = at(recorded.iter().filter(|e| e.0 == first).copied().collect());
     let sim = at(o.segment_events.iter().filter(|e| e.request == first).map(|e| (e.request, e.action, e.addr, e.size)).collect());
-    (first, prefix, lcs(&rec, &sim), matched)
+    // Fewer changes of pool from one request to the next: `use_mem_pool` and captures route
+    // runs of requests.
+    let switches = p.requests.windows(2).filter(|w| w[0].route != w[1].route).count() as i64;
+    (first, prefix, lcs(&rec, &sim), matched, -switches)
 }
 
 /// The length of the longest common subsequence (for short runs of events).
@@ -339,45 +360,116 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
     };
     let (mut best_p, mut best_o, mut best) = run(&plan);
     let mut trials = 1;
-    while best.0 != u32::MAX && trials < MAX_TRIALS {
-        let d = best.0;
-        let candidates = candidates(&inst, &best_o, &best_p, &recorded, d);
-        if std::env::var_os("ALLOCSIM_DEBUG_POOLS").is_some() {
-            eprintln!("pools: score {best:?}, candidates {:?}", candidates.iter().map(|&c| (c, format!("{:#x}", inst.all[c as usize].lo), plan.labels[c as usize])).collect::<Vec<_>>());
-        }
-        let mut improved: Option<(Plan, Program, ReplayOutcome, (u32, usize, usize, usize))> = None;
-        for c in candidates {
-            if inst.all[c as usize].final_pool.is_some() {
-                continue;
+    loop {
+        let before = (best, plan.labels.clone());
+        // Relabel segments where the reading first fails.
+        while best.0 != u32::MAX && trials < MAX_TRIALS {
+            let d = best.0;
+            let candidates = candidates(&inst, &best_o, &best_p, &recorded, d);
+            if std::env::var_os("ALLOCSIM_DEBUG_POOLS").is_some() {
+                eprintln!("pools: score {best:?}, {} candidates", candidates.len());
             }
-            for label in options(&plan, &inst, c) {
-                if label == plan.labels[c as usize] || trials >= MAX_TRIALS {
+            let mut improved: Option<(Plan, Program, ReplayOutcome, Score)> = None;
+            for c in candidates {
+                if inst.all[c as usize].final_pool.is_some() {
                     continue;
                 }
-                let mut t = Plan { labels: plan.labels.clone(), groups: plan.groups.clone() };
-                if let Label::Pool(g) = label
-                    && g as usize == t.groups.len()
-                {
-                    t.groups.push(None);
-                }
-                t.labels[c as usize] = label;
-                let (p, o, s) = run(&t);
-                trials += 1;
-                let bar = improved.as_ref().map_or(best, |x| x.3);
-                if s > bar {
-                    improved = Some((t, p, o, s));
+                for label in options(&plan, &inst, c) {
+                    if label == plan.labels[c as usize] || trials >= MAX_TRIALS {
+                        continue;
+                    }
+                    let mut t = Plan { labels: plan.labels.clone(), groups: plan.groups.clone() };
+                    if let Label::Pool(g) = label
+                        && g as usize == t.groups.len()
+                    {
+                        t.groups.push(None);
+                    }
+                    t.labels[c as usize] = label;
+                    let (p, o, s) = run(&t);
+                    trials += 1;
+                    let bar = improved.as_ref().map_or(best, |x| x.3);
+                    if s > bar {
+                        improved = Some((t, p, o, s));
+                    }
                 }
             }
+            match improved {
+                Some((t, p, o, s)) => {
+                    plan = t;
+                    best_p = p;
+                    best_o = o;
+                    best = s;
+                }
+                None => break,
+            }
         }
-        match improved {
-            Some((t, p, o, s)) => {
+        // A segment made between two segments of one pool (in the order segments were made)
+        // is tried in that pool: `use_mem_pool` routes every request of its window.
+        let mut by_creation: Vec<usize> = (0..plan.labels.len()).collect();
+        by_creation.sort_by_key(|&i| (inst.all[i].created, i));
+        for k in 1..by_creation.len().saturating_sub(1) {
+            let (a, c, b) = (by_creation[k - 1], by_creation[k], by_creation[k + 1]);
+            if trials >= MAX_TRIALS || inst.all[c].final_pool.is_some() {
+                continue;
+            }
+            let (la, lb) = (plan.labels[a], plan.labels[b]);
+            if la != lb || la == Label::Default || plan.labels[c] == la {
+                continue;
+            }
+            let mut t = Plan { labels: plan.labels.clone(), groups: plan.groups.clone() };
+            t.labels[c] = la;
+            let (p, o, s) = run(&t);
+            trials += 1;
+            if s >= best {
                 plan = t;
                 best_p = p;
                 best_o = o;
                 best = s;
             }
-            None => break,
         }
+        // Fewer pools where they fit as well: merge pools made one after the other.
+        let mut merged = true;
+        while merged && trials < MAX_TRIALS {
+            merged = false;
+            let order = plan.group_order(&inst);
+            for w in order.windows(2) {
+                let (a, b) = (w[0], w[1]);
+                if plan.groups[a as usize].is_some() && plan.groups[b as usize].is_some() {
+                    continue;
+                }
+                let mut t = Plan { labels: plan.labels.clone(), groups: plan.groups.clone() };
+                let (keep, gone) = if t.groups[b as usize].is_some() { (b, a) } else { (a, b) };
+                for l in t.labels.iter_mut() {
+                    if *l == Label::Pool(gone) {
+                        *l = Label::Pool(keep);
+                    }
+                }
+                let (p, o, s) = run(&t);
+                trials += 1;
+                if s >= best {
+                    plan = t;
+                    best_p = p;
+                    best_o = o;
+                    best = s;
+                    merged = true;
+                    break;
+                }
+            }
+        }
+        if best.0 == u32::MAX || trials >= MAX_TRIALS || (best, plan.labels.clone()) == before {
+            break;
+        }
+    }
+    if std::env::var_os("ALLOCSIM_DEBUG_POOLS").is_some() {
+        let ids = plan.ids(&inst);
+        for (i, s) in inst.all.iter().enumerate() {
+            let l = match plan.labels[i] {
+                Label::Pool(g) => format!("{:?}", ids[g as usize]),
+                Label::Default => "default".into(),
+            };
+            eprintln!("pools: segment {:#x}+{} requests {}..{}: {l}", s.lo, s.hi - s.lo, s.created, s.released);
+        }
+        eprintln!("pools: actions {:?}", best_p.pool_actions);
     }
     // Drop groups no label uses (a search step may leave one behind).
     let ids = plan.ids(&inst);
@@ -439,22 +531,23 @@ fn candidates(inst: &Instances, o: &ReplayOutcome, p: &Program, recorded: &[(u32
     c
 }
 
-/// The pools a segment may be tried in: a new private pool, the private pools of the segments
-/// made nearest to it (before or after), the default pools.
+/// The pools a segment may be tried in: the private pools of the segments made just before or
+/// after it, a new private pool, the default pools.
 fn options(plan: &Plan, inst: &Instances, c: u32) -> Vec<Label> {
-    let mut v = vec![Label::Pool(plan.groups.len() as u32)];
-    let mut near: Vec<usize> = (0..inst.all.len()).filter(|&i| i as u32 != c).collect();
-    near.sort_by_key(|&i| (i as i64 - c as i64).unsigned_abs());
-    for i in near {
-        if let Label::Pool(g) = plan.labels[i]
+    let mut v = Vec::new();
+    let mut by_creation: Vec<usize> = (0..inst.all.len()).collect();
+    by_creation.sort_by_key(|&i| (inst.all[i].created, i));
+    let at = by_creation.iter().position(|&i| i == c as usize).unwrap_or(0);
+    let mut near: Vec<usize> = (at.saturating_sub(3)..(at + 4).min(by_creation.len())).filter(|&k| k != at).collect();
+    near.sort_by_key(|&k| (k as i64 - at as i64).unsigned_abs());
+    for k in near {
+        if let Label::Pool(g) = plan.labels[by_creation[k]]
             && !v.contains(&Label::Pool(g))
         {
             v.push(Label::Pool(g));
-            if v.len() >= 4 {
-                break;
-            }
         }
     }
+    v.push(Label::Pool(plan.groups.len() as u32));
     v.push(Label::Default);
     v
 }
