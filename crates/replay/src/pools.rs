@@ -158,10 +158,15 @@ pub struct PoolInference {
     pub exact: bool,
 }
 
+#[derive(Clone)]
 struct Plan {
     labels: Vec<Label>,
     /// Per group: the known id, if any.
     groups: Vec<Option<MempoolId>>,
+    /// Release runs (by op index) whose trailing private segments are read as MemPool
+    /// destructors after the run, pool by pool in the recorded order, rather than as pools made
+    /// freeable before it and released by it in `graph_pools_freeable` order.
+    tail_drops: Vec<usize>,
 }
 
 /// See [`score`].
@@ -252,7 +257,23 @@ impl Plan {
                     k += 1;
                 }
             }
-            for ti in k..end {
+            // Trailing private segments read as destructors after the run.
+            let mut tail = end;
+            if self.tail_drops.contains(&oi) {
+                while tail > k && pool_of(tail - 1).is_some() {
+                    tail -= 1;
+                }
+                let mut t = tail;
+                while t < end {
+                    let id = pool_of(t).expect("private");
+                    p.pool_actions.push((oi as u32 + 1, PoolAction::DropMemPool(id)));
+                    freeable.push(id);
+                    while t < end && pool_of(t) == Some(id) {
+                        t += 1;
+                    }
+                }
+            }
+            for ti in k..tail {
                 if let Some(id) = pool_of(ti)
                     && !freeable.contains(&id)
                 {
@@ -260,8 +281,9 @@ impl Plan {
                     freeable.push(id);
                 }
             }
-            *op = Op::ReleaseRun { start: k, end };
+            *op = Op::ReleaseRun { start: k, end: tail };
         }
+        p.pool_actions.sort_by_key(|a| a.0);
         p
     }
 }
@@ -328,8 +350,9 @@ fn lcs<T: PartialEq>(a: &[T], b: &[T]) -> usize {
     row[b.len()]
 }
 
-/// At most this many replays per trace.
+/// At most this many replays per trace, and at most this many ops replayed in all.
 const MAX_TRIALS: usize = 3000;
+const MAX_OPS_REPLAYED: usize = 200_000_000;
 
 /// Infers the private pools of `program` (built from `trace` and `segments`) by replaying under
 /// `opts` (the trace's own settings, addresses and budget), and rewrites its routes and pool
@@ -351,7 +374,7 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
             None => Label::Default,
         });
     }
-    let mut plan = Plan { labels, groups };
+    let mut plan = Plan { labels, groups, tail_drops: Vec::new() };
     let run = |plan: &Plan| {
         let p = plan.apply(program, &inst);
         let o = replay(&p, opts, EmptyCacheCalls::Infer(trace));
@@ -359,11 +382,12 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
         (p, o, s)
     };
     let (mut best_p, mut best_o, mut best) = run(&plan);
+    let max_trials = MAX_TRIALS.min(MAX_OPS_REPLAYED / (program.ops.len() + 1)).max(1);
     let mut trials = 1;
     loop {
-        let before = (best, plan.labels.clone());
+        let before = (best, plan.labels.clone(), plan.tail_drops.clone());
         // Relabel segments where the reading first fails.
-        while best.0 != u32::MAX && trials < MAX_TRIALS {
+        while best.0 != u32::MAX && trials < max_trials {
             let d = best.0;
             let candidates = candidates(&inst, &best_o, &best_p, &recorded, d);
             if std::env::var_os("ALLOCSIM_DEBUG_POOLS").is_some() {
@@ -375,10 +399,10 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
                     continue;
                 }
                 for label in options(&plan, &inst, c) {
-                    if label == plan.labels[c as usize] || trials >= MAX_TRIALS {
+                    if label == plan.labels[c as usize] || trials >= max_trials {
                         continue;
                     }
-                    let mut t = Plan { labels: plan.labels.clone(), groups: plan.groups.clone() };
+                    let mut t = plan.clone();
                     if let Label::Pool(g) = label
                         && g as usize == t.groups.len()
                     {
@@ -409,14 +433,14 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
         by_creation.sort_by_key(|&i| (inst.all[i].created, i));
         for k in 1..by_creation.len().saturating_sub(1) {
             let (a, c, b) = (by_creation[k - 1], by_creation[k], by_creation[k + 1]);
-            if trials >= MAX_TRIALS || inst.all[c].final_pool.is_some() {
+            if trials >= max_trials || inst.all[c].final_pool.is_some() {
                 continue;
             }
             let (la, lb) = (plan.labels[a], plan.labels[b]);
             if la != lb || la == Label::Default || plan.labels[c] == la {
                 continue;
             }
-            let mut t = Plan { labels: plan.labels.clone(), groups: plan.groups.clone() };
+            let mut t = plan.clone();
             t.labels[c] = la;
             let (p, o, s) = run(&t);
             trials += 1;
@@ -427,9 +451,36 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
                 best = s;
             }
         }
+        // Trailing private segments of a release run: destructors after it, where that fits better.
+        for (oi, op) in program.ops.iter().enumerate() {
+            let Op::ReleaseRun { start, end } = *op else { continue };
+            let last_private = (start..end)
+                .rev()
+                .next()
+                .and_then(|ti| inst.of_release.get(&ti))
+                .is_some_and(|&i| matches!(plan.labels[i as usize], Label::Pool(_)));
+            if !last_private || trials >= max_trials {
+                continue;
+            }
+            let mut t = plan.clone();
+            match t.tail_drops.iter().position(|&x| x == oi) {
+                Some(k) => {
+                    t.tail_drops.remove(k);
+                }
+                None => t.tail_drops.push(oi),
+            }
+            let (p, o, s) = run(&t);
+            trials += 1;
+            if s > best {
+                plan = t;
+                best_p = p;
+                best_o = o;
+                best = s;
+            }
+        }
         // Fewer pools where they fit as well: merge pools made one after the other.
         let mut merged = true;
-        while merged && trials < MAX_TRIALS {
+        while merged && trials < max_trials {
             merged = false;
             let order = plan.group_order(&inst);
             for w in order.windows(2) {
@@ -437,7 +488,7 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
                 if plan.groups[a as usize].is_some() && plan.groups[b as usize].is_some() {
                     continue;
                 }
-                let mut t = Plan { labels: plan.labels.clone(), groups: plan.groups.clone() };
+                let mut t = plan.clone();
                 let (keep, gone) = if t.groups[b as usize].is_some() { (b, a) } else { (a, b) };
                 for l in t.labels.iter_mut() {
                     if *l == Label::Pool(gone) {
@@ -456,7 +507,7 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
                 }
             }
         }
-        if best.0 == u32::MAX || trials >= MAX_TRIALS || (best, plan.labels.clone()) == before {
+        if best.0 == u32::MAX || trials >= max_trials || (best, plan.labels.clone(), plan.tail_drops.clone()) == before {
             break;
         }
     }
@@ -558,9 +609,9 @@ pub fn self_replay_exact(o: &ReplayOutcome, p: &Program, trace: &[TraceEntry]) -
     score(o, p, &recorded).0 == u32::MAX
 }
 
-/// Whether private pools could explain a trace's divergence: it has segments on a stream or a
-/// release order the default pools alone cannot make. Cheap and conservative: any trace with
-/// segment events qualifies unless it has none at all.
-pub fn worth_inferring(trace: &[TraceEntry]) -> bool {
-    trace.iter().any(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap))
+/// Whether to look for private pools behind a trace's divergence: it made segments, and it
+/// starts from an empty allocator (a trace that starts mid-history is replayed from the state
+/// its final segments give, pools included, and not searched).
+pub fn worth_inferring(trace: &[TraceEntry], program: &Program) -> bool {
+    program.initial.is_none() && trace.iter().any(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap))
 }

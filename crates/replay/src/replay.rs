@@ -628,10 +628,15 @@ impl<D: Device, S: Slots> Stepper<D, S> {
         step
     }
 
-    /// The end of the trace: completions still held complete.
+    /// The end of the trace: completions still held complete, and pool actions after the last op
+    /// apply.
     pub fn complete_held(&mut self) {
         for t in self.held.drain(..) {
             self.alloc.complete_free(t);
+        }
+        if !self.pool_actions.is_empty() {
+            self.op_index = u32::MAX;
+            self.apply_pool_actions();
         }
     }
 

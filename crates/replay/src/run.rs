@@ -352,7 +352,7 @@ impl Prepared {
         let (mut budget, outcome) = infer_budget(&program);
         let mut own_outcome = own_replay(&program, &budget, outcome);
         let mut pools = None;
-        if !crate::pools::self_replay_exact(&own_outcome, &program, &trace) && crate::pools::worth_inferring(&trace) {
+        if !crate::pools::self_replay_exact(&own_outcome, &program, &trace) && crate::pools::worth_inferring(&trace, &program) {
             // Private pools the final segments do not show: infer them (see `crate::pools`).
             let o = ReplayOptions { capacity: budget.capacity(), outside: budget.outside.clone(), ..opts.clone() };
             let mut candidate = program.clone();
