@@ -374,127 +374,76 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
             None => Label::Default,
         });
     }
-    let mut plan = Plan { labels, groups, tail_drops: Vec::new() };
+    let start = Plan { labels, groups, tail_drops: Vec::new() };
     let run = |plan: &Plan| {
         let p = plan.apply(program, &inst);
         let o = replay(&p, opts, EmptyCacheCalls::Infer(trace));
         let s = score(&o, &p, &recorded);
         (p, o, s)
     };
-    let (mut best_p, mut best_o, mut best) = run(&plan);
     let max_trials = MAX_TRIALS.min(MAX_OPS_REPLAYED / (program.ops.len() + 1)).max(1);
-    let mut trials = 1;
-    loop {
-        let before = (best, plan.labels.clone(), plan.tail_drops.clone());
-        // Relabel segments where the reading first fails.
-        while best.0 != u32::MAX && trials < max_trials {
-            let d = best.0;
-            let candidates = candidates(&inst, &best_o, &best_p, &recorded, d);
-            if std::env::var_os("ALLOCSIM_DEBUG_POOLS").is_some() {
-                eprintln!("pools: score {best:?}, {} candidates", candidates.len());
+    let search = |lookahead: bool| {
+        let mut plan = start.clone();
+        let (mut best_p, mut best_o, mut best) = run(&plan);
+        let mut trials = 1;
+        loop {
+            let before = (best, plan.labels.clone(), plan.tail_drops.clone());
+            // Relabel segments where the reading first fails. Where several relabellings reproduce
+            // the trace equally far, each is followed a few steps further and the one that gets
+            // furthest is kept (the first tried among equals).
+            while best.0 != u32::MAX && trials < max_trials {
+                let tied = step(&plan, &best_p, &best_o, best, &inst, &recorded, &run, &mut trials, max_trials);
+                if std::env::var_os("ALLOCSIM_DEBUG_POOLS").is_some() {
+                    eprintln!("pools: score {best:?}, {} equal readings", tied.len());
+                }
+                let mut chosen: Option<(usize, Score)> = None;
+                if lookahead && tied.len() > 1 {
+                    for (k, t) in tied.iter().enumerate().take(LOOKAHEAD_BRANCHES) {
+                        let (mut lp, mut lpp, mut lo, mut ls) = (t.0.clone(), t.1.clone(), t.2.clone(), t.3);
+                        for _ in 0..LOOKAHEAD_STEPS {
+                            if ls.0 == u32::MAX || trials >= max_trials {
+                                break;
+                            }
+                            let next = step(&lp, &lpp, &lo, ls, &inst, &recorded, &run, &mut trials, max_trials);
+                            match next.into_iter().next() {
+                                Some(n) => {
+                                    (lp, lpp, lo, ls) = n;
+                                }
+                                None => break,
+                            }
+                        }
+                        let key = (ls.0, ls.1, ls.2);
+                        if chosen.is_none_or(|(_, c)| key > (c.0, c.1, c.2)) {
+                            chosen = Some((k, ls));
+                        }
+                    }
+                }
+                let pick = chosen.map_or(0, |c| c.0);
+                match tied.into_iter().nth(pick) {
+                    Some((t, p, o, s)) => {
+                        plan = t;
+                        best_p = p;
+                        best_o = o;
+                        best = s;
+                    }
+                    None => break,
+                }
             }
-            let mut improved: Option<(Plan, Program, ReplayOutcome, Score)> = None;
-            for c in candidates {
-                if inst.all[c as usize].final_pool.is_some() {
+            // A segment made between two segments of one pool (in the order segments were made)
+            // is tried in that pool: `use_mem_pool` routes every request of its window.
+            let mut by_creation: Vec<usize> = (0..plan.labels.len()).collect();
+            by_creation.sort_by_key(|&i| (inst.all[i].created, i));
+            for k in 1..by_creation.len().saturating_sub(1) {
+                let (a, c, b) = (by_creation[k - 1], by_creation[k], by_creation[k + 1]);
+                if trials >= max_trials || inst.all[c].final_pool.is_some() {
                     continue;
                 }
-                for label in options(&plan, &inst, c) {
-                    if label == plan.labels[c as usize] || trials >= max_trials {
-                        continue;
-                    }
-                    let mut t = plan.clone();
-                    if let Label::Pool(g) = label
-                        && g as usize == t.groups.len()
-                    {
-                        t.groups.push(None);
-                    }
-                    t.labels[c as usize] = label;
-                    let (p, o, s) = run(&t);
-                    trials += 1;
-                    let bar = improved.as_ref().map_or(best, |x| x.3);
-                    if s > bar {
-                        improved = Some((t, p, o, s));
-                    }
-                }
-            }
-            match improved {
-                Some((t, p, o, s)) => {
-                    plan = t;
-                    best_p = p;
-                    best_o = o;
-                    best = s;
-                }
-                None => break,
-            }
-        }
-        // A segment made between two segments of one pool (in the order segments were made)
-        // is tried in that pool: `use_mem_pool` routes every request of its window.
-        let mut by_creation: Vec<usize> = (0..plan.labels.len()).collect();
-        by_creation.sort_by_key(|&i| (inst.all[i].created, i));
-        for k in 1..by_creation.len().saturating_sub(1) {
-            let (a, c, b) = (by_creation[k - 1], by_creation[k], by_creation[k + 1]);
-            if trials >= max_trials || inst.all[c].final_pool.is_some() {
-                continue;
-            }
-            let (la, lb) = (plan.labels[a], plan.labels[b]);
-            if la != lb || la == Label::Default || plan.labels[c] == la {
-                continue;
-            }
-            let mut t = plan.clone();
-            t.labels[c] = la;
-            let (p, o, s) = run(&t);
-            trials += 1;
-            if s >= best {
-                plan = t;
-                best_p = p;
-                best_o = o;
-                best = s;
-            }
-        }
-        // Trailing private segments of a release run: destructors after it, where that fits better.
-        for (oi, op) in program.ops.iter().enumerate() {
-            let Op::ReleaseRun { start, end } = *op else { continue };
-            let last_private = (start..end)
-                .rev()
-                .next()
-                .and_then(|ti| inst.of_release.get(&ti))
-                .is_some_and(|&i| matches!(plan.labels[i as usize], Label::Pool(_)));
-            if !last_private || trials >= max_trials {
-                continue;
-            }
-            let mut t = plan.clone();
-            match t.tail_drops.iter().position(|&x| x == oi) {
-                Some(k) => {
-                    t.tail_drops.remove(k);
-                }
-                None => t.tail_drops.push(oi),
-            }
-            let (p, o, s) = run(&t);
-            trials += 1;
-            if s > best {
-                plan = t;
-                best_p = p;
-                best_o = o;
-                best = s;
-            }
-        }
-        // Fewer pools where they fit as well: merge pools made one after the other.
-        let mut merged = true;
-        while merged && trials < max_trials {
-            merged = false;
-            let order = plan.group_order(&inst);
-            for w in order.windows(2) {
-                let (a, b) = (w[0], w[1]);
-                if plan.groups[a as usize].is_some() && plan.groups[b as usize].is_some() {
+                let (la, lb) = (plan.labels[a], plan.labels[b]);
+                if la != lb || la == Label::Default || plan.labels[c] == la {
                     continue;
                 }
                 let mut t = plan.clone();
-                let (keep, gone) = if t.groups[b as usize].is_some() { (b, a) } else { (a, b) };
-                for l in t.labels.iter_mut() {
-                    if *l == Label::Pool(gone) {
-                        *l = Label::Pool(keep);
-                    }
-                }
+                t.labels[c] = la;
                 let (p, o, s) = run(&t);
                 trials += 1;
                 if s >= best {
@@ -502,15 +451,109 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
                     best_p = p;
                     best_o = o;
                     best = s;
-                    merged = true;
-                    break;
+                }
+            }
+            // Trailing private segments of a release run: destructors after it, where that fits better.
+            for (oi, op) in program.ops.iter().enumerate() {
+                let Op::ReleaseRun { start, end } = *op else { continue };
+                let last_private = (start..end)
+                    .rev()
+                    .next()
+                    .and_then(|ti| inst.of_release.get(&ti))
+                    .is_some_and(|&i| matches!(plan.labels[i as usize], Label::Pool(_)));
+                if !last_private || trials >= max_trials {
+                    continue;
+                }
+                let mut t = plan.clone();
+                match t.tail_drops.iter().position(|&x| x == oi) {
+                    Some(k) => {
+                        t.tail_drops.remove(k);
+                    }
+                    None => t.tail_drops.push(oi),
+                }
+                let (p, o, s) = run(&t);
+                trials += 1;
+                if s > best {
+                    plan = t;
+                    best_p = p;
+                    best_o = o;
+                    best = s;
+                }
+            }
+            // Fewer pools where they fit as well: merge pools made one after the other.
+            let mut merged = true;
+            while merged && trials < max_trials {
+                merged = false;
+                let order = plan.group_order(&inst);
+                for w in order.windows(2) {
+                    let (a, b) = (w[0], w[1]);
+                    if plan.groups[a as usize].is_some() && plan.groups[b as usize].is_some() {
+                        continue;
+                    }
+                    let mut t = plan.clone();
+                    let (keep, gone) = if t.groups[b as usize].is_some() { (b, a) } else { (a, b) };
+                    for l in t.labels.iter_mut() {
+                        if *l == Label::Pool(gone) {
+                            *l = Label::Pool(keep);
+                        }
+                    }
+                    let (p, o, s) = run(&t);
+                    trials += 1;
+                    if s >= best {
+                        plan = t;
+                        best_p = p;
+                        best_o = o;
+                        best = s;
+                        merged = true;
+                        break;
+                    }
+                }
+            }
+            if best.0 == u32::MAX || trials >= max_trials || (best, plan.labels.clone(), plan.tail_drops.clone()) == before {
+                break;
+            }
+        }
+        // Among the readings that reproduce the trace as far, the one whose requests change pool
+        // least often: `use_mem_pool` and captures route runs of consecutive requests.
+        let mut changed = true;
+        while changed && trials < max_trials {
+            changed = false;
+            for c in 0..inst.all.len() {
+                if inst.all[c].final_pool.is_some() || trials >= max_trials {
+                    continue;
+                }
+                let mut labels = options(&plan, &inst, c as u32);
+                labels.retain(|l| !matches!(l, Label::Pool(g) if *g as usize == plan.groups.len()));
+                for label in labels {
+                    if label == plan.labels[c] {
+                        continue;
+                    }
+                    let mut t = plan.clone();
+                    t.labels[c] = label;
+                    let (p, o, s) = run(&t);
+                    trials += 1;
+                    if (s.0, s.1, s.2, s.3) >= (best.0, best.1, best.2, best.3) && s > best {
+                        plan = t;
+                        best_p = p;
+                        drop(o);
+                        best = s;
+                        changed = true;
+                        break;
+                    }
                 }
             }
         }
-        if best.0 == u32::MAX || trials >= max_trials || (best, plan.labels.clone(), plan.tail_drops.clone()) == before {
-            break;
-        }
-    }
+    (plan, best_p, best, trials)
+    };
+    // With and without following equal readings further: the one that reproduces the trace
+    // further, else the one found by looking ahead (its pools are the more plausible).
+    let (plan_a, p_a, s_a, t_a) = search(true);
+    let (plan, best_p, best, trials) = if s_a.0 == u32::MAX {
+        (plan_a, p_a, s_a, t_a)
+    } else {
+        let (plan_b, p_b, s_b, t_b) = search(false);
+        if (s_b.0, s_b.1, s_b.2) > (s_a.0, s_a.1, s_a.2) { (plan_b, p_b, s_b, t_a + t_b) } else { (plan_a, p_a, s_a, t_a + t_b) }
+    };
     if std::env::var_os("ALLOCSIM_DEBUG_POOLS").is_some() {
         let ids = plan.ids(&inst);
         for (i, s) in inst.all.iter().enumerate() {
@@ -533,6 +576,59 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
     }
     *program = best_p;
     PoolInference { pools, trials, exact: best.0 == u32::MAX }
+}
+
+/// Tied readings followed further, and how far.
+const LOOKAHEAD_BRANCHES: usize = 4;
+const LOOKAHEAD_STEPS: usize = 4;
+
+type Reading = (Plan, Program, ReplayOutcome, Score);
+
+/// One search step from `plan` (whose replay is `o`, scored `best`): every single relabelling of
+/// a segment involved in the first divergence that reproduces the trace further, the best ones
+/// (equal in how far) in the order tried.
+#[allow(clippy::too_many_arguments)]
+fn step(
+    plan: &Plan,
+    p: &Program,
+    o: &ReplayOutcome,
+    best: Score,
+    inst: &Instances,
+    recorded: &[(u32, &'static str, u64, u64)],
+    run: &impl Fn(&Plan) -> (Program, ReplayOutcome, Score),
+    trials: &mut usize,
+    max_trials: usize,
+) -> Vec<Reading> {
+    let key = |x: &Score| (x.0, x.1, x.2);
+    let mut out: Vec<Reading> = Vec::new();
+    for c in candidates(inst, o, p, recorded, best.0) {
+        if inst.all[c as usize].final_pool.is_some() {
+            continue;
+        }
+        for label in options(plan, inst, c) {
+            if label == plan.labels[c as usize] || *trials >= max_trials {
+                continue;
+            }
+            let mut t = plan.clone();
+            if let Label::Pool(g) = label
+                && g as usize == t.groups.len()
+            {
+                t.groups.push(None);
+            }
+            t.labels[c as usize] = label;
+            let (tp, to, ts) = run(&t);
+            *trials += 1;
+            if key(&ts) < key(&best) || (key(&ts) == key(&best) && ts <= best) {
+                continue;
+            }
+            match out.first() {
+                Some(f) if key(&ts) < key(&f.3) => {}
+                Some(f) if key(&ts) == key(&f.3) => out.push((t, tp, to, ts)),
+                _ => out = vec![(t, tp, to, ts)],
+            }
+        }
+    }
+    out
 }
 
 /// The segments worth relabelling at a divergence at request `d`.
@@ -609,9 +705,8 @@ pub fn self_replay_exact(o: &ReplayOutcome, p: &Program, trace: &[TraceEntry]) -
     score(o, p, &recorded).0 == u32::MAX
 }
 
-/// Whether to look for private pools behind a trace's divergence: it made segments, and it
-/// starts from an empty allocator (a trace that starts mid-history is replayed from the state
-/// its final segments give, pools included, and not searched).
-pub fn worth_inferring(trace: &[TraceEntry], program: &Program) -> bool {
-    program.initial.is_none() && trace.iter().any(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap))
+/// Whether to look for private pools behind a trace's divergence: it made segments (a pool
+/// that made none changed nothing).
+pub fn worth_inferring(trace: &[TraceEntry], _program: &Program) -> bool {
+    trace.iter().any(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap))
 }
