@@ -214,21 +214,45 @@ enum Page {
 
 /// The pickle memo: dense indices (what every pickler writes), in pages allocated on demand.
 /// A slot is 4 bytes: 0 (empty), a word, an interned stack, or an index into `kept`.
-#[derive(Default)]
 struct Memo {
+    /// The first [`LOW`] slots, flat (the keys and actions torch's first entries define).
+    low: Box<[u32]>,
     pages: Vec<Option<Page>>,
     /// The number of indices put so far (the next `MEMOIZE` index).
     count: u64,
     kept: Vec<V>,
 }
 
+const LOW: usize = 1 << 16;
 const TAG_SHIFT: u32 = 29;
 const TAG_STACK: u32 = 1 << TAG_SHIFT;
 const TAG_KEPT: u32 = 2 << TAG_SHIFT;
 const PAYLOAD: u32 = TAG_STACK - 1;
 const NA_CODE: u32 = W_NA as u32 + 1;
 
+impl Default for Memo {
+    fn default() -> Memo {
+        Memo { low: vec![0; LOW].into_boxed_slice(), pages: Vec::new(), count: 0, kept: Vec::new() }
+    }
+}
+
 impl Memo {
+    /// The slot's code (see [`Memo`]).
+    #[inline]
+    fn code(&self, idx: u64) -> u32 {
+        if (idx as usize) < LOW {
+            return self.low[idx as usize];
+        }
+        let i = idx as usize & (PAGE - 1);
+        match self.pages.get((idx >> PAGE_BITS) as usize) {
+            Some(Some(Page::Full(p))) => p[i],
+            Some(Some(Page::Na(bits))) => {
+                if bits[i / 64] >> (i % 64) & 1 != 0 { NA_CODE } else { 0 }
+            }
+            _ => 0,
+        }
+    }
+
     #[inline]
     fn decode(&self, x: u32) -> V {
         if x == 0 {
@@ -244,6 +268,9 @@ impl Memo {
 
     #[inline]
     fn get(&self, idx: u64) -> V {
+        if (idx as usize) < LOW {
+            return self.decode(self.low[idx as usize]);
+        }
         let i = idx as usize & (PAGE - 1);
         match self.pages.get((idx >> PAGE_BITS) as usize) {
             Some(Some(Page::Full(p))) => self.decode(p[i]),
@@ -276,6 +303,10 @@ impl Memo {
                 TAG_KEPT | (self.kept.len() - 1) as u32
             }
         };
+        if (idx as usize) < LOW {
+            self.low[idx as usize] = code;
+            return Ok(());
+        }
         let page = (idx >> PAGE_BITS) as usize;
         let i = idx as usize & (PAGE - 1);
         if self.pages.len() <= page {
@@ -329,25 +360,16 @@ enum Input {
 const CHUNK: usize = 1 << 20;
 
 impl Input {
-    /// Reads into `out` (appending at most `max` bytes); 0 at the end.
-    fn read(&mut self, out: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
+    /// Reads into `out`; 0 at the end.
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
         match self {
-            Input::Plain(f) => {
-                let old = out.len();
-                out.resize(old + max, 0);
-                let n = loop {
-                    match f.read(&mut out[old..]) {
-                        Ok(n) => break n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            out.truncate(old);
-                            return Err(e);
-                        }
-                    }
-                };
-                out.truncate(old + n);
-                Ok(n)
-            }
+            Input::Plain(f) => loop {
+                match f.read(out) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            },
             Input::Gzip { rx, back, chunk, at } => {
                 while *at >= chunk.len() {
                     match rx.recv() {
@@ -363,14 +385,14 @@ impl Input {
                         Err(_) => return Ok(0),
                     }
                 }
-                let n = (chunk.len() - *at).min(max);
-                out.extend_from_slice(&chunk[*at..*at + n]);
+                let n = (chunk.len() - *at).min(out.len());
+                out[..n].copy_from_slice(&chunk[*at..*at + n]);
                 *at += n;
                 Ok(n)
             }
             Input::Bytes { bytes, at } => {
-                let n = (bytes.len() - *at).min(max);
-                out.extend_from_slice(&bytes[*at..*at + n]);
+                let n = (bytes.len() - *at).min(out.len());
+                out[..n].copy_from_slice(&bytes[*at..*at + n]);
                 *at += n;
                 Ok(n)
             }
@@ -449,8 +471,10 @@ type StackMap = HashMap<Vec<u32>, u32, BuildHasherDefault<IntHasher>>;
 struct Vm {
     input: Input,
     eof: bool,
+    /// Bytes `pos..end` of `buf` are read and not yet decoded.
     buf: Vec<u8>,
     pos: usize,
+    end: usize,
     stack: Vec<V>,
     marks: Vec<usize>,
     memo: Memo,
@@ -466,6 +490,9 @@ struct Vm {
     dicts: Vec<Vec<(V, V)>>,
     entries: Vec<Partial>,
     entry_free: Vec<u32>,
+    /// Entries the fast path read whole, waiting for their `APPENDS` (`V::Entry(id | READY)`).
+    ready: Vec<TraceEntry>,
+    ready_free: Vec<u32>,
     stacks: StackMap,
     devices: u32,
     top_made: bool,
@@ -479,6 +506,8 @@ struct Vm {
 }
 
 const GENERIC_SEQ: u64 = u64::MAX - 1;
+/// Marks an entry slot of [`Vm::ready`].
+const READY: u32 = 1 << 31;
 const FRAMES_SEQ: u64 = u64::MAX;
 
 impl Vm {
@@ -492,8 +521,9 @@ impl Vm {
         Vm {
             input,
             eof: false,
-            buf: Vec::with_capacity(4 * CHUNK),
+            buf: Vec::new(),
             pos: 0,
+            end: 0,
             stack: Vec::with_capacity(4096),
             marks: Vec::with_capacity(64),
             memo: Memo::default(),
@@ -506,6 +536,8 @@ impl Vm {
             dicts: Vec::new(),
             entries: Vec::new(),
             entry_free: Vec::new(),
+            ready: Vec::new(),
+            ready_free: Vec::new(),
             stacks: StackMap::default(),
             devices: 0,
             top_made: false,
@@ -519,16 +551,20 @@ impl Vm {
         }
     }
 
-    /// Makes at least `n` bytes available at `pos` (fewer only at the end of the input).
+    /// Makes at least `n` bytes available at `pos` (fewer only at the end of the input): moves
+    /// what is left to the front of the buffer and reads until it is full.
     #[cold]
     fn refill(&mut self, n: usize) -> Result<(), TraceError> {
-        self.buf.drain(..self.pos);
+        self.buf.copy_within(self.pos..self.end, 0);
+        self.end -= self.pos;
         self.pos = 0;
-        while self.buf.len() < n.max(CHUNK) && !self.eof {
-            let want = (n.max(2 * CHUNK)).saturating_sub(self.buf.len()).max(CHUNK);
-            match self.input.read(&mut self.buf, want) {
+        if self.buf.len() < n.max(2 * CHUNK) {
+            self.buf.resize(n.max(2 * CHUNK), 0);
+        }
+        while self.end < n.max(CHUNK) && !self.eof {
+            match self.input.read(&mut self.buf[self.end..]) {
                 Ok(0) => self.eof = true,
-                Ok(_) => {}
+                Ok(k) => self.end += k,
                 Err(e) => return unstreamable(format!("reading: {e}")),
             }
         }
@@ -537,9 +573,9 @@ impl Vm {
 
     #[inline]
     fn need(&mut self, n: usize) -> Result<(), TraceError> {
-        if self.buf.len() - self.pos < n {
+        if self.end - self.pos < n {
             self.refill(n)?;
-            if self.buf.len() - self.pos < n {
+            if self.end - self.pos < n {
                 return unstreamable("the input ends inside an opcode (truncated pickle)");
             }
         }
@@ -768,6 +804,9 @@ impl Vm {
                 }
             }
             V::Entry(slot) => {
+                if slot & READY != 0 {
+                    return unstreamable("an entry dict set twice");
+                }
                 for i in (start..self.stack.len()).step_by(2) {
                     let (k, v) = (self.stack[i], self.stack[i + 1]);
                     if v.is_role() {
@@ -838,8 +877,22 @@ impl Vm {
 
     /// Converts a complete entry dict (as [`crate::snapshot`] does) and hands it on.
     fn finish_entry(&mut self, slot: u32, dev: u32) -> Result<(), TraceError> {
-        let p = self.entries[slot as usize];
-        self.entry_free.push(slot);
+        let e = if slot & READY != 0 {
+            let id = slot & !READY;
+            self.ready_free.push(id);
+            self.ready[id as usize]
+        } else {
+            let p = self.entries[slot as usize];
+            self.entry_free.push(slot);
+            self.convert(&p)?
+        };
+        self.emit(e, dev);
+        Ok(())
+    }
+
+    /// An entry dict's fields as [`TraceEntry`] (as [`crate::snapshot`] reads them).
+    #[inline]
+    fn convert(&mut self, p: &Partial) -> Result<TraceEntry, TraceError> {
         let action = match p.f[F_ACTION] {
             V::Word(w) if (W_FIRST_ACTION..W_FIRST_ACTION + 10).contains(&w) => ACTIONS[(w - W_FIRST_ACTION) as usize],
             _ => return unstreamable("an entry without a known action"),
@@ -880,7 +933,12 @@ impl Vm {
                 return unstreamable("an entry's compile_context or user_metadata is not a str");
             }
         }
-        let e = TraceEntry { action, addr, size, stream, time_us, stack: 0, meta: 0 };
+        Ok(TraceEntry { action, addr, size, stream, time_us, stack: 0, meta: 0 })
+    }
+
+    #[inline]
+    fn emit(&mut self, e: TraceEntry, dev: u32) {
+        let action = e.action;
         self.entry_count += 1;
         match self.mode {
             Mode::Events => self.out.push((dev as usize, e)),
@@ -894,7 +952,6 @@ impl Vm {
                 }
             }
         }
-        Ok(())
     }
 
     #[inline]
@@ -936,9 +993,9 @@ impl Vm {
     /// Runs until entries were handed on (events), or to the end.
     fn run(&mut self) -> Result<(), TraceError> {
         while !self.done {
-            if self.buf.len() - self.pos < 16 {
+            if self.end - self.pos < 16 {
                 self.refill(16)?;
-                if self.pos >= self.buf.len() {
+                if self.pos >= self.end {
                     return unstreamable("the input ended before the STOP opcode (truncated pickle)");
                 }
             }
@@ -1161,62 +1218,55 @@ impl Vm {
 
     /// The byte-level fast path for one entry dict at `pos` (an `EMPTY_DICT` where an entry
     /// begins): `EMPTY_DICT`, a memo put, `MARK`, then key/value pairs whose keys are memo
-    /// references to entry keys or short strings, and whose values are ints, memo references or
-    /// short strings, then `SETITEMS`. Pushes the entry and returns `true`; returns `false`
-    /// without changing anything when the bytes are not of that form (the general machine then
-    /// reads them).
+    /// references to entry keys, and whose values are ints (`BININT*`, `LONG1`), memo references
+    /// or short strings (with their memo puts), then `SETITEMS`. Converts the entry as
+    /// [`Vm::convert`] would, pushes it and returns `true`; returns `false` without changing
+    /// anything when the bytes are not of that form or the entry is not valid (the general
+    /// machine then reads them and decides).
     #[inline]
     fn fast_entry(&mut self) -> Result<bool, TraceError> {
         const WINDOW: usize = 1024;
-        if self.buf.len() - self.pos < WINDOW {
+        const INT_FIELD: [bool; FIELDS] = [false, true, true, true, true, true, false, false, false];
+        if self.end - self.pos < WINDOW {
             self.refill(WINDOW)?;
         }
-        let b = &self.buf[self.pos..];
-        let end = b.len().min(WINDOW);
-        let b = &b[..end];
+        let b = &self.buf[self.pos..self.end];
+        let b = &b[..b.len().min(WINDOW)];
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) as u64;
         let mut i = 1;
         let mut memo_next = self.memo.count;
         // The entry dict's own memo put.
         match b.get(i) {
-            Some(0x94) => {
-                i += 1;
-                memo_next += 1;
-            }
-            Some(b'q') if b.get(i + 1).map(|&x| x as u64) == Some(memo_next) => {
-                i += 2;
-                memo_next += 1;
-            }
-            Some(b'r') if b.len() > i + 4 && u32::from_le_bytes([b[i + 1], b[i + 2], b[i + 3], b[i + 4]]) as u64 == memo_next => {
-                i += 5;
-                memo_next += 1;
-            }
+            Some(0x94) => i += 1,
+            Some(b'q') if b.get(i + 1).map(|&x| x as u64) == Some(memo_next) => i += 2,
+            Some(b'r') if b.len() > i + 4 && u32_at(i + 1) == memo_next => i += 5,
             _ => return Ok(false),
         }
+        memo_next += 1;
         if b.get(i) != Some(&b'(') {
             return Ok(false);
         }
         i += 1;
-        let mut p = EMPTY_PARTIAL;
-        // Strings this entry made (arena appends happen only on success): (memo index or
-        // u64::MAX, value start in b, len).
-        let mut fresh: [(u64, usize, usize); 4] = [(0, 0, 0); 4];
+        let mut ints = [0i64; FIELDS];
+        let mut have = 0u32;
+        let mut action = 0u32;
+        let mut frames = V::Absent;
+        // Strings this entry made: (memo index or u64::MAX, start in `b`, length, word code).
+        let mut fresh = [(0u64, 0usize, 0usize, 0u32); 4];
         let mut nfresh = 0usize;
         let memo = &self.memo;
         loop {
-            if i + 10 > b.len() {
+            if i + 12 > b.len() {
                 return Ok(false);
             }
-            // The key.
-            let key = match b[i] {
+            let code = match b[i] {
                 b'h' => {
-                    let v = memo.get(b[i + 1] as u64);
                     i += 2;
-                    v
+                    memo.code(b[i - 1] as u64)
                 }
                 b'j' => {
-                    let v = memo.get(u32::from_le_bytes([b[i + 1], b[i + 2], b[i + 3], b[i + 4]]) as u64);
                     i += 5;
-                    v
+                    memo.code(u32_at(i - 4))
                 }
                 b'u' => {
                     i += 1;
@@ -1224,48 +1274,71 @@ impl Vm {
                 }
                 _ => return Ok(false),
             };
-            let V::Word(k) = key else { return Ok(false) };
-            if k as usize >= FIELDS {
+            let k = code.wrapping_sub(1) as usize;
+            if k >= FIELDS {
                 return Ok(false);
             }
-            if i + 10 > b.len() {
-                return Ok(false);
-            }
-            // The value.
-            let v = match b[i] {
-                b'K' => {
-                    let v = V::Int(b[i + 1] as i64);
-                    i += 2;
-                    v
-                }
-                b'M' => {
-                    let v = V::Int(u16::from_le_bytes([b[i + 1], b[i + 2]]) as i64);
-                    i += 3;
-                    v
-                }
-                b'J' => {
-                    let v = V::Int(i32::from_le_bytes([b[i + 1], b[i + 2], b[i + 3], b[i + 4]]) as i64);
-                    i += 5;
-                    v
-                }
-                0x8a => {
-                    let n = b[i + 1] as usize;
-                    if n > 8 {
+            match b[i] {
+                op @ (b'K' | b'M' | b'J' | 0x8a) => {
+                    let x = match op {
+                        b'K' => {
+                            i += 2;
+                            b[i - 1] as i64
+                        }
+                        b'M' => {
+                            i += 3;
+                            u16::from_le_bytes([b[i - 2], b[i - 1]]) as i64
+                        }
+                        b'J' => {
+                            i += 5;
+                            u32_at(i - 4) as u32 as i32 as i64
+                        }
+                        _ => {
+                            let n = b[i + 1] as usize;
+                            if n > 8 {
+                                return Ok(false);
+                            }
+                            // The n bytes, sign-extended (8 bytes are in the window).
+                            let raw = u64::from_le_bytes([b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7], b[i + 8], b[i + 9]]);
+                            i += 2 + n;
+                            if n == 0 {
+                                0
+                            } else {
+                                let sh = 64 - 8 * n as u32;
+                                ((raw << sh) as i64) >> sh
+                            }
+                        }
+                    };
+                    if !INT_FIELD[k] {
                         return Ok(false);
                     }
-                    let Some(x) = narrow_long(&b[i + 2..i + 2 + n]) else { return Ok(false) };
-                    i += 2 + n;
-                    V::Int(x)
+                    ints[k] = x;
                 }
-                b'h' => {
-                    let v = memo.get(b[i + 1] as u64);
-                    i += 2;
-                    v
-                }
-                b'j' => {
-                    let v = memo.get(u32::from_le_bytes([b[i + 1], b[i + 2], b[i + 3], b[i + 4]]) as u64);
-                    i += 5;
-                    v
+                op @ (b'h' | b'j') => {
+                    let c = if op == b'h' {
+                        i += 2;
+                        memo.code(b[i - 1] as u64)
+                    } else {
+                        i += 5;
+                        memo.code(u32_at(i - 4))
+                    };
+                    let w = c.wrapping_sub(1);
+                    match k {
+                        F_ACTION if (W_FIRST_ACTION as u32..W_FIRST_ACTION as u32 + 10).contains(&w) => action = w,
+                        F_CC | F_UM if c != 0 && c < TAG_STACK => {}
+                        F_CC | F_UM if c >= TAG_KEPT && matches!(memo.decode(c), V::Str { .. }) => {}
+                        F_FRAMES if c >= TAG_STACK => {
+                            frames = memo.decode(c);
+                            if !matches!(frames, V::Stack(_) | V::List(_) | V::Tuple(_)) {
+                                return Ok(false);
+                            }
+                        }
+                        _ if INT_FIELD[k] && c >= TAG_KEPT => match memo.decode(c) {
+                            V::Int(x) => ints[k] = x,
+                            _ => return Ok(false),
+                        },
+                        _ => return Ok(false),
+                    }
                 }
                 0x8c => {
                     let n = b[i + 1] as usize;
@@ -1276,8 +1349,11 @@ impl Vm {
                     let s = &b[start..start + n];
                     i += 2 + n;
                     let w = word(s);
-                    if w.is_none() && std::str::from_utf8(s).is_err() {
-                        return Ok(false);
+                    match (k, w) {
+                        (F_ACTION, Some(w)) if (W_FIRST_ACTION..W_FIRST_ACTION + 10).contains(&w) => action = w as u32,
+                        (F_CC | F_UM, Some(_)) => {}
+                        (F_CC | F_UM, None) if std::str::from_utf8(s).is_ok() => {}
+                        _ => return Ok(false),
                     }
                     let idx = match b[i] {
                         0x94 => {
@@ -1290,44 +1366,54 @@ impl Vm {
                             memo_next += 1;
                             memo_next - 1
                         }
-                        b'r' if u32::from_le_bytes([b[i + 1], b[i + 2], b[i + 3], b[i + 4]]) as u64 == memo_next => {
+                        b'r' if u32_at(i + 1) == memo_next => {
                             i += 5;
                             memo_next += 1;
                             memo_next - 1
                         }
                         _ => u64::MAX,
                     };
-                    match w {
-                        Some(w) => {
-                            if idx != u64::MAX {
-                                fresh[nfresh] = (idx, usize::MAX, w as usize);
-                                nfresh += 1;
-                            }
-                            V::Word(w)
-                        }
-                        None => {
-                            fresh[nfresh] = (idx, start, n);
-                            nfresh += 1;
-                            V::Str { start: u32::MAX, len: (nfresh - 1) as u32 }
-                        }
+                    if idx != u64::MAX {
+                        fresh[nfresh] = (idx, start, n, w.map_or(0, |w| w as u32 + 1));
+                        nfresh += 1;
                     }
                 }
                 _ => return Ok(false),
-            };
-            match v {
-                V::Absent | V::Top | V::DeviceTraces | V::DeviceList(_) | V::Entry(_) => return Ok(false),
-                _ => {}
             }
-            p.f[k as usize] = v;
+            have |= 1 << k;
         }
-        // Success: apply the memo puts (in order) and place the new strings.
-        let consumed = i;
+        // The entry, as `convert` makes it.
+        if have & 1 << F_ACTION == 0 {
+            return Ok(false);
+        }
+        let act = ACTIONS[(action - W_FIRST_ACTION as u32) as usize];
+        let lenient = act == Action::Annotate;
+        let af = if act == Action::Oom && have & 1 << F_DEVICE_FREE != 0 { F_DEVICE_FREE } else { F_ADDR };
+        let field = |f: usize| -> Option<u64> {
+            if have & 1 << f != 0 {
+                u64::try_from(ints[f]).ok()
+            } else if lenient {
+                Some(0)
+            } else {
+                None
+            }
+        };
+        let (Some(addr), Some(size)) = (field(af), field(F_SIZE)) else { return Ok(false) };
+        let stream = ints[F_STREAM] as u64;
+        let time_us = ints[F_TIME];
+        if let V::List(id) | V::Tuple(id) = frames
+            && (self.seq_memo[id as usize] != GENERIC_SEQ
+                || !self.seq_checked[id as usize] && !self.seqs[id as usize].iter().all(|v| matches!(v, V::Dict(_))))
+        {
+            return Ok(false);
+        }
+        // Success: the memo puts, in order.
         let base = self.pos;
-        self.memo.put(self.memo.count, V::Absent)?; // the entry dict (not kept)
-        let mut vals = [V::Absent; 4];
-        for (j, &(idx, start, n)) in fresh[..nfresh].iter().enumerate() {
-            let v = if start == usize::MAX {
-                V::Word(n as u8)
+        self.pos += i;
+        self.memo.count += 1; // the entry dict (not kept; a fresh index is empty)
+        for &(idx, start, n, w) in &fresh[..nfresh] {
+            let v = if w != 0 {
+                V::Word((w - 1) as u8)
             } else {
                 let at = self.strs.len();
                 if at + n > u32::MAX as usize {
@@ -1336,21 +1422,23 @@ impl Vm {
                 self.strs.extend_from_slice(&self.buf[base + start..base + start + n]);
                 V::Str { start: at as u32, len: n as u32 }
             };
-            vals[j] = v;
-            if idx != u64::MAX {
-                self.memo.put(idx, v)?;
-            }
+            self.memo.put(idx, v)?;
         }
-        for f in p.f.iter_mut() {
-            if let V::Str { start: u32::MAX, len } = *f {
-                *f = vals[len as usize];
-            }
+        if let V::List(id) | V::Tuple(id) = frames {
+            self.seq_checked[id as usize] = true;
         }
-        p.f[F_FRAMES] = self.intern_frames(p.f[F_FRAMES])?;
-        self.pos += consumed;
-        let id = self.new_entry();
-        self.entries[id as usize] = p;
-        self.stack.push(V::Entry(id));
+        let e = TraceEntry { action: act, addr, size, stream, time_us, stack: 0, meta: 0 };
+        let id = match self.ready_free.pop() {
+            Some(id) => {
+                self.ready[id as usize] = e;
+                id
+            }
+            None => {
+                self.ready.push(e);
+                (self.ready.len() - 1) as u32
+            }
+        };
+        self.stack.push(V::Entry(id | READY));
         Ok(true)
     }
 
