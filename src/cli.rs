@@ -12,6 +12,7 @@ use allocsim_replay::ReplaySummary;
 use allocsim_replay::stream::{StreamError, StreamInput, Streamed, replay_stream};
 use allocsim_trace::Snapshot;
 use allocsim_trace::jsonl_stream::JsonlFile;
+use allocsim_trace::pickle_stream::PickleFile;
 use clap::{Parser, Subcommand};
 
 pub use allocsim_commands::write_json;
@@ -61,9 +62,10 @@ struct ReplayArgs {
     /// its version; default 2.11). See `allocsim_replay::version` for what changes.
     #[arg(long, value_parser = allocsim_replay::TorchVersion::parse, default_value = "2.11")]
     torch_version: allocsim_replay::TorchVersion,
-    /// Read the whole trace before replaying it, as for a pickle. By default a JSON Lines trace
-    /// (.jsonl, .jsonl.gz) is replayed as a stream in memory bounded by the live set, with the
-    /// same result, unless it starts mid-history or `--placements`/`--addresses-from` is given.
+    /// Read the whole trace before replaying it. By default a JSON Lines trace (.jsonl,
+    /// .jsonl.gz) or a snapshot pickle (.pickle, .pickle.gz) is replayed as a stream in memory
+    /// bounded by the live set, with the same result, unless it starts mid-history or
+    /// `--placements`/`--addresses-from` is given.
     #[arg(long)]
     in_memory: bool,
 }
@@ -240,16 +242,19 @@ impl ReplayArgs {
 }
 
 /// `--device N`: that device; else every device with entries (in device order). A JSON Lines
-/// trace is replayed as a stream, in memory bounded by the live set, where that gives the same
-/// answer (see `allocsim_replay::stream`); else (and for pickles) the trace is read whole.
+/// trace or a snapshot pickle is replayed as a stream, in memory bounded by the live set, where
+/// that gives the same answer (see `allocsim_replay::stream`); else the trace is read whole.
 fn run_replays(args: &ReplayArgs, err: &mut dyn Write) -> Result<Vec<ReplaySummary>, UserError> {
-    if !args.in_memory
-        && args.addresses_from.is_none()
-        && args.placements.is_none()
-        && let Some(file) = JsonlFile::open(&args.trace).map_err(|e| trace_error(&args.trace, e))?
-        && let Some(v) = run_streamed(&file, args, err)?
-    {
-        return Ok(v);
+    if !args.in_memory && args.addresses_from.is_none() && args.placements.is_none() {
+        if let Some(file) = JsonlFile::open(&args.trace).map_err(|e| trace_error(&args.trace, e))? {
+            if let Some(v) = run_streamed(&file, args, err)? {
+                return Ok(v);
+            }
+        } else if let Some(file) = PickleFile::open(&args.trace).map_err(|e| trace_error(&args.trace, e))?
+            && let Some(v) = run_streamed_pickle(&file, args, err)?
+        {
+            return Ok(v);
+        }
     }
     let snap = load(&args.trace)?;
     let other = args.addresses_from.as_deref().map(load).transpose()?;
@@ -280,6 +285,46 @@ fn run_streamed(file: &JsonlFile, args: &ReplayArgs, err: &mut dyn Write) -> Res
             Ok(None)
         }
         Err(StreamError::Read(e)) => Err(trace_error(path, e)),
+        Err(StreamError::Run(e)) => Err(allocsim_commands::Error::from(e).into()),
+    }
+}
+
+/// Replays a snapshot pickle in one pass over its entries (after a first pass for its segments,
+/// segment events and settings); `None` when only the in-memory replay gives the answer: a shape
+/// the stream does not read, an invalid file (whose error the whole-file decoder reports), or a
+/// question one pass cannot answer.
+fn run_streamed_pickle(file: &PickleFile, args: &ReplayArgs, err: &mut dyn Write) -> Result<Option<Vec<ReplaySummary>>, UserError> {
+    let path = file.path();
+    let note = |err: &mut dyn Write, why: &str| -> Result<(), UserError> {
+        if file.len() > NOTE_FALLBACK_ABOVE {
+            writeln!(err, "allocsim: note: {}: replaying in memory ({why})", path.display())?;
+        }
+        Ok(())
+    };
+    let scan = match file.scan() {
+        Ok(s) => s,
+        Err(e) => {
+            note(err, &e.to_string())?;
+            return Ok(None);
+        }
+    };
+    let input = StreamInput {
+        settings: &scan.settings,
+        devices: Some(scan.devices),
+        segments: &scan.segments,
+        segment_entries: &scan.segment_entries,
+    };
+    match replay_stream(&input, &args.options().spec(None), || file.events()) {
+        Ok(Streamed::Done(v)) => Ok(Some(v)),
+        Ok(Streamed::Fallback(why)) => {
+            note(err, &why)?;
+            Ok(None)
+        }
+        // Whatever the stream could not read, the whole-file decoder reads or names.
+        Err(StreamError::Read(e)) => {
+            note(err, &e.to_string())?;
+            Ok(None)
+        }
         Err(StreamError::Run(e)) => Err(allocsim_commands::Error::from(e).into()),
     }
 }
