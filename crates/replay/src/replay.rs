@@ -336,6 +336,7 @@ pub fn replay_observed<D: Device>(
         }
     }
     st.complete_held();
+    st.finish_pool_actions(program.ops.len());
     if !program.ops.is_empty() {
         observe(&st.alloc, program.ops.len() - 1);
     }
@@ -628,14 +629,18 @@ impl<D: Device, S: Slots> Stepper<D, S> {
         step
     }
 
-    /// The end of the trace: completions still held complete, and pool actions after the last op
-    /// apply.
+    /// Completions still held complete (at the end of the trace, or of a partial replay).
     pub fn complete_held(&mut self) {
         for t in self.held.drain(..) {
             self.alloc.complete_free(t);
         }
+    }
+
+    /// After the last of `ops` ops: the pool actions placed after it apply (not those of ops a
+    /// shortened program left out).
+    pub fn finish_pool_actions(&mut self, ops: usize) {
         if !self.pool_actions.is_empty() {
-            self.op_index = u32::MAX;
+            self.op_index = ops as u32;
             self.apply_pool_actions();
         }
     }
