@@ -353,8 +353,19 @@ impl Prepared {
         let mut own_outcome = own_replay(&program, &budget, outcome);
         let mut pools = None;
         if !crate::pools::self_replay_exact(&own_outcome, &program, &trace) && crate::pools::worth_inferring(&trace, &program) {
+            // Judged under the budget the trace itself shows, not a capacity given for it (a
+            // what-if under another cap diverges for that reason alone).
+            let inferred = match trace_capacity {
+                Some(_) => {
+                    let (b, o) = crate::budget::infer(&trace, &program, &own, memory.clone(), &placement);
+                    let o = own_replay(&program, &b, o);
+                    (!crate::pools::self_replay_exact(&o, &program, &trace)).then_some(b)
+                }
+                None => Some(budget.clone()),
+            };
+            if let Some(b) = inferred {
             // Private pools the final segments do not show: infer them (see `crate::pools`).
-            let o = ReplayOptions { capacity: budget.capacity(), outside: budget.outside.clone(), ..opts.clone() };
+            let o = ReplayOptions { capacity: b.capacity(), outside: b.outside.clone(), ..opts.clone() };
             let mut candidate = program.clone();
             let inferred = crate::pools::infer(&mut candidate, &trace, &segments, &o);
             if candidate.requests != program.requests || candidate.pool_actions != program.pool_actions || candidate.ops != program.ops {
@@ -365,6 +376,7 @@ impl Prepared {
                 own_outcome = out;
             }
             pools = Some(inferred);
+            }
         }
         Ok(Prepared {
             pools,
