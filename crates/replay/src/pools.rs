@@ -574,7 +574,13 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
             pools.push((ids[g as usize], plan.groups[g as usize].is_some()));
         }
     }
-    *program = best_p;
+    // A reading that reproduces the trace less far than the final segments alone is not kept.
+    let (first_p, first_o) = (start.apply(program, &inst), None::<()>);
+    let _ = first_o;
+    let initial = score(&replay(&first_p, opts, EmptyCacheCalls::Infer(trace)), &first_p, &recorded);
+    if (best.0, best.1, best.2) >= (initial.0, initial.1, initial.2) {
+        *program = best_p;
+    }
     PoolInference { pools, trials, exact: best.0 == u32::MAX }
 }
 
