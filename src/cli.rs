@@ -56,8 +56,9 @@ struct ReplayArgs {
     /// allocator; `--json` keeps the first one's at the top level and lists all in `devices`).
     #[arg(long)]
     device: Option<usize>,
-    /// The PyTorch release whose allocator rules apply, 2.5 to 2.15 (a snapshot does not record
-    /// its version; default 2.11). See `allocsim_replay::version` for what changes.
+    /// The PyTorch release whose allocator rules apply, 2.1 to 2.15 (a snapshot does not record
+    /// its version; default 2.11; 2.1–2.4 were not measured: 2.5's rules). See
+    /// `allocsim_replay::version` for what changes.
     #[arg(long, value_parser = allocsim_replay::TorchVersion::parse, default_value = "2.11")]
     torch_version: allocsim_replay::TorchVersion,
     /// Read the whole trace before replaying it, as for a pickle. By default a JSON Lines trace
@@ -91,6 +92,13 @@ enum Command {
         /// The device's total memory (default: as the trace shows it, else an H200's).
         #[arg(long, value_parser = parse_size)]
         device_memory: Option<u64>,
+        /// Which device's trace (default: every device with entries; `--json` puts the one that
+        /// matters, as `replay` ranks them, at the top level and all of them in `devices`).
+        #[arg(long)]
+        device: Option<usize>,
+        /// The PyTorch release whose allocator rules apply (see `replay --torch-version`).
+        #[arg(long, value_parser = allocsim_replay::TorchVersion::parse, default_value = "2.11")]
+        torch_version: allocsim_replay::TorchVersion,
         #[arg(long)]
         json: bool,
     },
@@ -172,7 +180,9 @@ fn execute(command: Command, io: &mut Io<'_>) -> i32 {
     let r = match command {
         Command::Replay { args, json, backend: Backend::Sim } => cmd_replay(&args, json, io),
         Command::Replay { args, json, backend: Backend::Cuda } => cmd_replay_cuda(&args, json, io),
-        Command::Validate { trace, capacity, device_memory, json } => cmd_validate(&trace, capacity, device_memory, json, io),
+        Command::Validate { trace, capacity, device_memory, device, torch_version, json } => {
+            cmd_validate(&trace, &ValidateArgs { capacity, device_memory, device, torch_version }, json, io)
+        }
         Command::Convert { input, output } => cmd_convert(&input, &output, io),
         Command::Explain(a) => crate::explain_cmd::cmd_explain(&a, io),
         Command::Report(a) => crate::report_cmd::cmd_report(&a, io),
@@ -194,6 +204,17 @@ fn report(err: &mut dyn Write, e: &UserError) -> i32 {
     let _ = writeln!(err, "allocsim: error: {}", e.0);
     let _ = err.flush();
     2
+}
+
+/// Says which device a command answers for when it chose one (several devices, no `--device`):
+/// a first line of the text output, or a note on stderr beside machine-readable output.
+pub(crate) fn say_device(io: &mut Io<'_>, choice: &allocsim_replay::devices::DeviceChoice, machine: bool) -> std::io::Result<()> {
+    let Some(text) = choice.describe() else { return Ok(()) };
+    if machine {
+        writeln!(io.err, "allocsim: note: answering for {text}")
+    } else {
+        writeln!(io.out, "answering for {text}")
+    }
 }
 
 pub(crate) fn load(path: &Path) -> Result<Snapshot, UserError> {
@@ -228,22 +249,25 @@ impl ReplayArgs {
 /// `--device N`: that device; else every device with entries (in device order). A JSON Lines
 /// trace is replayed as a stream, in memory bounded by the live set, where that gives the same
 /// answer (see `allocsim_replay::stream`); else (and for pickles) the trace is read whole.
-fn run_replays(args: &ReplayArgs, err: &mut dyn Write) -> Result<Vec<ReplaySummary>, UserError> {
+/// Also returns what to say about a snapshot without any trace entry.
+fn run_replays(args: &ReplayArgs, err: &mut dyn Write) -> Result<(Vec<ReplaySummary>, Option<String>), UserError> {
     if !args.in_memory
         && args.addresses_from.is_none()
         && args.placements.is_none()
         && let Some(file) = JsonlFile::open(&args.trace).map_err(|e| trace_error(&args.trace, e))?
         && let Some(v) = run_streamed(&file, args, err)?
     {
-        return Ok(v);
+        let note = v.iter().all(|r| r.entries == 0).then(|| Snapshot::default().no_history_note()).flatten();
+        return Ok((v, note));
     }
     let snap = load(&args.trace)?;
     let other = args.addresses_from.as_deref().map(load).transpose()?;
     let spec = args.spec(other.as_ref());
+    let note = snap.no_history_note();
     if args.device.is_some() {
-        return Ok(vec![allocsim_replay::run(&snap, &spec)?.into_summary()]);
+        return Ok((vec![allocsim_replay::run(&snap, &spec)?.into_summary()], note));
     }
-    Ok(allocsim_replay::devices::run_devices(&snap, &spec)?.into_iter().map(|r| r.into_summary()).collect())
+    Ok((allocsim_replay::devices::run_devices(&snap, &spec)?.into_iter().map(|r| r.into_summary()).collect(), note))
 }
 
 /// Above this size a JSON Lines trace replayed in memory after all takes GiBs: say so.
@@ -360,12 +384,18 @@ fn fragmentation_json(o: &allocsim_replay::ReplayOutcome) -> Value {
 }
 
 fn cmd_replay(args: &ReplayArgs, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
-    let all = run_replays(args, io.err)?;
+    let (all, no_history) = run_replays(args, io.err)?;
+    let choice = allocsim_replay::devices::choice_of_replays(&all).expect("at least one device is replayed");
+    let top = all.iter().position(|r| r.device == choice.device).unwrap_or(0);
     if as_json {
-        write_json(io.out, &replay_json(args, &all[0], &all))?;
+        let mut v = replay_json(args, &all[top], &all);
+        v["device_choice"] = serde_json::to_value(&choice).expect("JSON");
+        v["no_history"] = json!(no_history);
+        v["torch_version_note"] = json!(args.torch_version.note());
+        write_json(io.out, &v)?;
         return Ok(0);
     }
-    write_replay_text(io.out, args, &all)?;
+    write_replay_text(io.out, args, &all, no_history.as_deref())?;
     Ok(0)
 }
 
@@ -408,9 +438,15 @@ fn replay_json(args: &ReplayArgs, r: &ReplaySummary, all: &[ReplaySummary]) -> V
 }
 
 /// `replay` as text: every device, worst first.
-fn write_replay_text(out: &mut dyn Write, args: &ReplayArgs, all: &[ReplaySummary]) -> std::io::Result<()> {
+fn write_replay_text(out: &mut dyn Write, args: &ReplayArgs, all: &[ReplaySummary], no_history: Option<&str>) -> std::io::Result<()> {
     if all.len() > 1 {
         writeln!(out, "{}: {} devices, each replayed on its own allocator; worst first (most OOMs, then highest peak reserved)", args.trace.display(), all.len())?;
+    }
+    if let Some(note) = args.torch_version.note() {
+        writeln!(out, "note: {note}")?;
+    }
+    if let Some(note) = no_history {
+        writeln!(out, "note: {note}")?;
     }
     for &i in &allocsim_replay::devices::worst_first(all) {
         write_device_text(out, args, &all[i])?;
@@ -461,13 +497,28 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayArgs, r: &ReplaySummary) 
         format_size(peak_alloc),
         format_size(peak_res.saturating_sub(peak_alloc))
     )?;
-    writeln!(
-        out,
-        "  at the end        {} reserved in {} segments, {} allocated",
-        format_size(s.reserved_bytes.all().current as u64),
-        s.segment.all().current,
-        format_size(s.allocated_bytes.all().current as u64)
-    )?;
+    let expandable = o.allocator.segments().iter().filter(|g| g.is_expandable).count();
+    if expandable > 0 {
+        writeln!(
+            out,
+            "  at the end        {} reserved ({} mapped ranges of expandable segments{}), {} allocated",
+            format_size(s.reserved_bytes.all().current as u64),
+            expandable,
+            match s.segment.all().current {
+                0 => "; PyTorch's `segment` counter counts cudaMalloc'd segments only, so memory_stats() says 0".to_string(),
+                n => format!(", and {n} cudaMalloc'd segments"),
+            },
+            format_size(s.allocated_bytes.all().current as u64)
+        )?;
+    } else {
+        writeln!(
+            out,
+            "  at the end        {} reserved in {} segments, {} allocated",
+            format_size(s.reserved_bytes.all().current as u64),
+            s.segment.all().current,
+            format_size(s.allocated_bytes.all().current as u64)
+        )?;
+    }
     writeln!(
         out,
         "  device calls      {} cudaMalloc/map, {} cudaFree/unmap; {} alloc retries, {} full synchronizations",
@@ -487,10 +538,23 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayArgs, r: &ReplaySummary) 
     if !ec.is_empty() {
         writeln!(out, "  empty_cache()     {} calls, inferred from the trace's releases", ec.len())?;
     }
-    if let Some(init) = &r.initial {
+    if let Some(init) = &r.initial
+        && r.entries == 0
+    {
         writeln!(
             out,
-            "  mid-history       the trace's first entry is not the job's (the ring buffer of max_entries): the replay starts from the state reconstructed from the final segments, {} pre-existing blocks ({} allocated in {} blocks, {} pending free) in {} segments ({} reserved); counters count from the trace's start, peaks are the trace's",
+            "  final state       {} segments ({} reserved) holding {} live blocks ({} allocated, {} pending free); no trace to replay",
+            init.segments.len(),
+            format_size(init.reserved_bytes()),
+            init.blocks.len(),
+            format_size(init.allocated_bytes()),
+            init.pending_blocks()
+        )?;
+    } else if let Some(init) = &r.initial {
+        writeln!(
+            out,
+            "  mid-history       {}: the replay starts from the state reconstructed from the final segments, {} pre-existing blocks ({} allocated in {} blocks, {} pending free) in {} segments ({} reserved); counters count from the trace's start, peaks are the trace's",
+            allocsim_replay::restore::InitialState::why(r.entries),
             init.blocks.len(),
             format_size(init.allocated_bytes()),
             init.allocated_blocks(),
@@ -559,17 +623,57 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayArgs, r: &ReplaySummary) 
     Ok(())
 }
 
-fn cmd_validate(path: &Path, capacity: Option<u64>, device_memory: Option<u64>, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
+/// `validate`'s settings.
+struct ValidateArgs {
+    capacity: Option<u64>,
+    device_memory: Option<u64>,
+    device: Option<usize>,
+    torch_version: allocsim_replay::TorchVersion,
+}
+
+fn cmd_validate(path: &Path, a: &ValidateArgs, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
     let snap = load(path)?;
-    let spec = ReplaySpec { capacity, device_memory, ..ReplaySpec::default() };
-    let r = allocsim_replay::run(&snap, &spec)?;
-    let v = allocsim_replay::validate(&r);
+    let spec = ReplaySpec { capacity: a.capacity, device_memory: a.device_memory, device: a.device, torch_version: a.torch_version, ..ReplaySpec::default() };
+    let runs = match a.device {
+        Some(_) => vec![allocsim_replay::run(&snap, &spec)?],
+        None => allocsim_replay::devices::run_devices(&snap, &spec)?,
+    };
+    let checks: Vec<allocsim_replay::Validation> = runs.iter().map(allocsim_replay::validate).collect();
+    let exact = checks.iter().all(|v| v.exact);
+    // The device that matters first (most OOMs, then highest peak reserved), as `replay` lists them.
+    let order: Vec<usize> = {
+        let mut o: Vec<usize> = (0..runs.len()).collect();
+        o.sort_by_key(|&i| (std::cmp::Reverse(runs[i].outcome.ooms.len()), std::cmp::Reverse(runs[i].outcome.peak_reserved), runs[i].device));
+        o
+    };
     if as_json {
-        let mut json = serde_json::to_value(&v).expect("JSON");
-        json["budget"] = r.budget.to_json();
+        let one = |r: &allocsim_replay::Replayed, v: &allocsim_replay::Validation| {
+            let mut json = serde_json::to_value(v).expect("JSON");
+            json["device"] = json!(r.device);
+            json["budget"] = r.budget.to_json();
+            json
+        };
+        let top = order[0];
+        let mut json = one(&runs[top], &checks[top]);
+        json["exact"] = json!(exact);
+        json["exact_device"] = json!(checks[top].exact);
+        json["torch_version"] = json!(a.torch_version.to_string());
+        json["devices"] = Value::from(runs.iter().zip(&checks).map(|(r, v)| one(r, v)).collect::<Vec<_>>());
         write_json(io.out, &json)?;
-    } else {
-        let out = &mut *io.out;
+        return Ok(if exact { 0 } else { 1 });
+    }
+    let out = &mut *io.out;
+    if runs.len() > 1 {
+        writeln!(out, "{}: {} devices with entries, each validated on its own allocator", path.display(), runs.len())?;
+    }
+    if let Some(note) = a.torch_version.note() {
+        writeln!(out, "note: {note}")?;
+    }
+    if let Some(note) = snap.no_history_note() {
+        writeln!(out, "note: {note}")?;
+    }
+    for &i in &order {
+        let (r, v) = (&runs[i], &checks[i]);
         writeln!(out, "{} (device {}): replay under its own settings against the recording", path.display(), r.device)?;
         for line in budget_lines(&r.budget) {
             writeln!(out, "  budget           {line}")?;
@@ -590,7 +694,7 @@ fn cmd_validate(path: &Path, capacity: Option<u64>, device_memory: Option<u64>, 
         }
         writeln!(out, "  {}", if v.exact { "exact" } else { "NOT exact" })?;
     }
-    Ok(if v.exact { 0 } else { 1 })
+    Ok(if exact { 0 } else { 1 })
 }
 
 fn cmd_convert(input: &Path, output: &Path, io: &mut Io<'_>) -> Result<i32, UserError> {

@@ -40,6 +40,7 @@ pub struct ExplainArgs {
 
 pub fn cmd_explain(a: &ExplainArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (_, p, config) = a.trace.prepare_for(a.config.as_deref(), a.capacity)?;
+    crate::cli::say_device(io, &p.choice, a.json)?;
     let placement = match &a.addresses_from {
         Some(path) => {
             let other = load(path)?;

@@ -30,6 +30,7 @@ pub struct ReportArgs {
 pub fn cmd_report(a: &ReportArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     // When the first config is the trace's own, --capacity is taken as the cap it was recorded under.
     let (_, p, first) = a.trace.prepare_for(a.config.first().map(String::as_str), a.capacity)?;
+    crate::cli::say_device(io, &p.choice, true)?;
     let mut configs = Vec::new();
     for c in &a.config {
         let label = if c.trim().is_empty() { "defaults".to_string() } else { c.clone() };
@@ -80,6 +81,7 @@ pub struct ExportArgs {
 
 pub fn cmd_export(a: &ExportArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (_, p, config) = a.trace.prepare_for(a.config.as_deref(), a.capacity)?;
+    crate::cli::say_device(io, &p.choice, true)?;
     let sim = allocsim_report::export::simulated_snapshot(&p, &config, a.capacity, &p.recorded_placement());
     allocsim_trace::write_trace(&sim, &a.output).map_err(|e| UserError(format!("{}: {e}", a.output.display())))?;
     let n: usize = sim.device_traces.iter().map(|t| t.len()).sum();

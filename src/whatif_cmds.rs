@@ -31,7 +31,8 @@ pub struct TraceArgs {
     /// segment events, with the memory held outside the allocator.
     #[arg(long, value_parser = parse_size)]
     pub trace_capacity: Option<u64>,
-    /// Which device's trace (default: the first with entries).
+    /// Which device's trace (default: the one that ran out of memory, else the one with the
+    /// highest peak reserved; with no trace entries, the one holding the segments).
     #[arg(long)]
     pub device: Option<usize>,
 }
@@ -137,6 +138,7 @@ fn range(r: Option<(u64, u64)>) -> String {
 
 pub fn cmd_sweep(a: &SweepArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (_, p) = a.trace.prepare()?;
+    crate::cli::say_device(io, &p.choice, a.json || a.csv)?;
     let grid = a.grid.as_deref().unwrap_or(DEFAULT_GRID);
     let points: Vec<GridPoint> = parse_grid(grid, &a.base).map_err(UserError)?;
     let pb = progress_bar(replay_count(&points, a.placements), a.json || a.csv);
@@ -376,6 +378,7 @@ pub struct FitArgs {
 
 pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (_, p) = a.trace.prepare()?;
+    crate::cli::say_device(io, &p.choice, a.json)?;
     let points: Vec<GridPoint> = match (&a.grid, &a.config) {
         (Some(g), _) => parse_grid(g, "").map_err(UserError)?,
         (None, Some(c)) => vec![GridPoint { conf: c.clone(), config: AllocatorConfig::parse(c).map_err(|e| e.to_string()) }],
@@ -553,6 +556,10 @@ pub struct CompareArgs {
     /// The device's total memory (default: as the trace shows it, else an H200's).
     #[arg(long, value_parser = parse_size)]
     pub device_memory: Option<u64>,
+    /// Which device's trace, in every file (default: in each file, the one that ran out of
+    /// memory, else the one with the highest peak reserved).
+    #[arg(long)]
+    pub device: Option<usize>,
     #[arg(long, default_value_t = 10)]
     pub top: usize,
     #[arg(long)]
@@ -560,8 +567,12 @@ pub struct CompareArgs {
 }
 
 /// A recorded run as one side: its own segment events (a self replay reproduces them exactly).
-fn recorded_side(path: &Path, snap: &Snapshot) -> Result<Side, UserError> {
-    let p = Prepared::new_for(snap, None, None, None, TorchVersion::DEFAULT)?;
+fn recorded_side(path: &Path, snap: &Snapshot, device: Option<usize>, io: &mut Io<'_>, machine: bool) -> Result<Side, UserError> {
+    let p = Prepared::new_for(snap, device, None, None, TorchVersion::DEFAULT)?;
+    if let Some(text) = p.choice.describe() {
+        let line = format!("{}: answering for {text}", path.display());
+        if machine { writeln!(io.err, "allocsim: note: {line}")? } else { writeln!(io.out, "{line}")? }
+    }
     let mut deltas = Vec::new();
     let mut sites = Vec::new();
     let mut req = 0u32;
@@ -628,10 +639,11 @@ pub fn cmd_compare(a: &CompareArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (sa, sb) = match a.files.get(1) {
         Some(b) => {
             let snap_b = load(b)?;
-            (recorded_side(path_a, &snap_a)?, recorded_side(b, &snap_b)?)
+            (recorded_side(path_a, &snap_a, a.device, io, a.json)?, recorded_side(b, &snap_b, a.device, io, a.json)?)
         }
         None => {
-            let p = Prepared::new_for(&snap_a, None, a.device_memory, None, TorchVersion::DEFAULT)?;
+            let p = Prepared::new_for(&snap_a, a.device, a.device_memory, None, TorchVersion::DEFAULT)?;
+            crate::cli::say_device(io, &p.choice, a.json)?;
             let cfg = |c: &Option<String>| -> Result<(String, AllocatorConfig), UserError> {
                 match c {
                     Some(s) => Ok((s.clone(), AllocatorConfig::parse(s).map_err(|e| UserError(format!("--config {s:?}: {e}")))?)),

@@ -84,7 +84,7 @@ fn torch_versions_select_their_rules() {
     // Not a version allocsim models: clap's error, exit status 2.
     let o = run(&["replay", t, "--torch-version", "1.13"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("2.5 to 2.15"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("2.1 to 2.15"));
 }
 
 #[test]

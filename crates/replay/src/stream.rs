@@ -178,7 +178,11 @@ where
         Some(d) => vec![d],
         None => {
             let with_entries: Vec<usize> = (0..streams.len()).filter(|&d| streams[d].is_some()).collect();
-            if with_entries.is_empty() { vec![0] } else { with_entries }
+            if with_entries.is_empty() {
+                vec![crate::devices::device_with_most_segments(ctx.input.segments).unwrap_or(0)]
+            } else {
+                with_entries
+            }
         }
     };
     let mut out = Vec::new();
@@ -487,6 +491,7 @@ impl<'a> DeviceStream<'a> {
             options: self.options,
             own_settings: self.own_settings,
             requests: self.builder.requests() as usize,
+            entries: self.index,
             outcome,
             oom_requests,
             unknown_frees: self.builder.unknown_frees,

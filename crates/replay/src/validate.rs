@@ -42,8 +42,30 @@ pub fn validate(r: &Replayed) -> Validation {
         recorded: recorded.len(),
         simulated: sim.len(),
         matched,
-        first_divergence: (recorded != sim)
-            .then(|| format!("event {matched}: recorded {}, simulated {}", show(recorded.get(matched)), show(sim.get(matched)))),
+        first_divergence: (recorded != sim).then(|| {
+            let (a, b) = (recorded.get(matched), sim.get(matched));
+            let which = match (a, b) {
+                (Some(a), Some(b)) => {
+                    let mut f = Vec::new();
+                    if a.1 != b.1 {
+                        f.push("action");
+                    }
+                    if a.3 != b.3 {
+                        f.push("size");
+                    }
+                    if a.2 != b.2 {
+                        f.push("address");
+                    }
+                    if a.0 != b.0 {
+                        f.push("request");
+                    }
+                    format!("the {} differ{}: ", f.join(" and "), if f.len() == 1 { "s" } else { "" })
+                }
+                (Some(_), None) => "the replay made fewer segment events: ".to_string(),
+                _ => "the replay made more segment events: ".to_string(),
+            };
+            format!("event {matched}: {which}recorded {}, simulated {}", show(a), show(b))
+        }),
     };
     let sim_ooms: Vec<u32> = o.ooms.iter().map(|x| x.request).collect();
     let ooms = Agreement {
@@ -107,6 +129,39 @@ fn compare_final_segments(r: &Replayed) -> Agreement {
         recorded: rec.len(),
         simulated: sim.len(),
         matched: rec.iter().filter(|s| sim.contains(s)).count(),
-        first_divergence: (rec != sim).then(|| format!("segment {i}: recorded {}, simulated {}", show(rec.get(i)), show(sim.get(i)))),
+        first_divergence: (rec != sim).then(|| match (rec.get(i), sim.get(i)) {
+            (Some(x), Some(y)) => format!("segment {i}: {}", segment_difference(x, y)),
+            (x, y) => format!("segment {i}: recorded {}, simulated {}", show(x), show(y)),
+        }),
+    }
+}
+
+fn state_name(s: BlockState) -> &'static str {
+    match s {
+        BlockState::ActiveAllocated => "active_allocated",
+        BlockState::ActivePendingFree => "active_pending_free",
+        BlockState::Inactive => "inactive",
+    }
+}
+
+/// Which field of a final segment differs between the recording (`x`) and the replay (`y`).
+fn segment_difference(x: &SegmentShape, y: &SegmentShape) -> String {
+    if x.0 != y.0 {
+        return format!("the address differs: recorded {:#x} ({} bytes), simulated {:#x} ({} bytes)", x.0, x.1, y.0, y.1);
+    }
+    if x.1 != y.1 {
+        return format!("at {:#x} the size differs: recorded {} bytes, simulated {} bytes", x.0, x.1, y.1);
+    }
+    let k = x.2.iter().zip(&y.2).take_while(|(a, b)| a == b).count();
+    match (x.2.get(k), y.2.get(k)) {
+        (Some(a), Some(b)) if a.0 != b.0 => format!(
+            "at {:#x} ({} bytes) block {k}'s size differs: recorded {} bytes ({}), simulated {} bytes ({})",
+            x.0, x.1, a.0, state_name(a.1), b.0, state_name(b.1)
+        ),
+        (Some(a), Some(b)) => format!(
+            "at {:#x} ({} bytes) block {k} ({} bytes)'s state differs: recorded {}, simulated {}",
+            x.0, x.1, a.0, state_name(a.1), state_name(b.1)
+        ),
+        _ => format!("at {:#x} ({} bytes) the number of blocks differs: recorded {}, simulated {}", x.0, x.1, x.2.len(), y.2.len()),
     }
 }
