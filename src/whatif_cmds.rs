@@ -326,29 +326,48 @@ fn write_sweep_text(
     if !flips.is_empty() {
         writeln!(out, "placement: these neighbours could swap places depending on where the driver puts segments (their ranges overlap): {}", flips.join(", "))?;
     }
-    if let Some(best) = shown.first() {
-        let own = rows.iter().find(|r| r.rejected.is_none() && p.is_own_under(&AllocatorConfig::parse(&r.conf).unwrap(), &limits));
-        let name = |r: &Row| if r.conf.is_empty() { "the defaults".to_string() } else { r.conf.clone() };
-        let line = match own {
-            Some(o) if std::ptr::eq(o, *best) => format!("recommendation: keep {} (the trace's own settings rank first)", name(best)),
-            Some(o) if o.placements_with_oom() > 0 && best.placements_with_oom() == 0 => format!(
-                "recommendation: {} avoids the OOM that {} runs into at request {} (peak reserved {})",
-                name(best),
-                name(o),
-                o.first_oom_range().0.unwrap_or(0),
-                range(best.peak_reserved_range())
-            ),
-            Some(o) => format!(
-                "recommendation: {} (peak reserved {} vs {} under {})",
-                name(best),
-                range(best.peak_reserved_range()),
-                range(o.peak_reserved_range()),
-                name(o)
-            ),
-            None => format!("recommendation: {} (peak reserved {})", name(best), range(best.peak_reserved_range())),
-        };
-        writeln!(out, "{line}")?;
-    }
+    let _ = shown;
+    let own = rows.iter().position(|r| r.rejected.is_none() && AllocatorConfig::parse(&r.conf).is_ok_and(|c| p.is_own_under(&c, &limits)));
+    let name = |r: &Row| if r.conf.is_empty() { "the defaults".to_string() } else { r.conf.clone() };
+    let own_name = |r: &Row| format!("{} (the trace's own settings)", name(r));
+    use allocsim_whatif::sweep::Recommendation as R;
+    let line = match allocsim_whatif::sweep::recommend(rows, own) {
+        None => return Ok(()),
+        Some(R::KeepOwn { own }) => format!("recommendation: keep {} — they rank first", own_name(&rows[own])),
+        Some(R::OwnAsGood { own, best }) => format!(
+            "recommendation: keep {} — they are as good as any setting tried (no OOM avoided or postponed, and peak reserved {} against {} at best, {}: less than {:.0}% apart)",
+            own_name(&rows[own]),
+            range(rows[own].peak_reserved_range()),
+            range(rows[best].peak_reserved_range()),
+            name(&rows[best]),
+            100.0 * allocsim_whatif::sweep::MIN_GAIN
+        ),
+        Some(R::Better { best, own }) if rows[own].placements_with_oom() > 0 && rows[best].placements_with_oom() == 0 => format!(
+            "recommendation: {} avoids the OOM that {} runs into at request {} (peak reserved {})",
+            name(&rows[best]),
+            own_name(&rows[own]),
+            rows[own].first_oom_range().0.unwrap_or(0),
+            range(rows[best].peak_reserved_range())
+        ),
+        Some(R::Better { best, own }) => format!(
+            "recommendation: {} (peak reserved {} vs {} under {}{})",
+            name(&rows[best]),
+            range(rows[best].peak_reserved_range()),
+            range(rows[own].peak_reserved_range()),
+            own_name(&rows[own]),
+            match (rows[best].first_oom_range().0, rows[own].first_oom_range().0) {
+                (Some(b), Some(o)) if b > o => format!("; its first OOM comes at request {b} instead of {o}"),
+                _ => String::new(),
+            }
+        ),
+        Some(R::Best { best }) => format!("recommendation: {} (peak reserved {})", name(&rows[best]), range(rows[best].peak_reserved_range())),
+        Some(R::AllOom { smallest, shortfall, request }) => format!(
+            "recommendation: none — every setting runs out of memory; the smallest shortfall is {} ({}, at request {request}); `allocsim fit` finds the allowed maximum each setting needs",
+            format_size(shortfall),
+            name(&rows[smallest])
+        ),
+    };
+    writeln!(out, "{line}")?;
     Ok(())
 }
 
@@ -384,10 +403,18 @@ pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
         (None, Some(c)) => vec![GridPoint { conf: c.clone(), config: AllocatorConfig::parse(c).map_err(|e| e.to_string()) }],
         (None, None) => vec![GridPoint { conf: p.own.source.clone(), config: Ok(p.own.clone()) }],
     };
+    let full_device_note;
     let (outside, outside_source) = match (a.reserve, outside_memory_from_ooms(&p)) {
         (Some(r), _) => (r, "given with --reserve"),
         (None, Some(r)) if !p.budget.device_full.is_empty() => {
-            (r, "from the trace's OOM entries (device_free): the device was full, so this includes what other processes held; --reserve sets it")
+            // What a full device held outside the allocator includes other processes' memory,
+            // which would not follow the job to another card.
+            full_device_note = format!(
+                "the CUDA context measured on an H200 with torch 2.11; the trace's OOM entries show {} outside the allocator on a full device, which includes what other processes held (--reserve {} counts it all)",
+                format_size(r),
+                r
+            );
+            (DEFAULT_OUTSIDE_MEMORY, full_device_note.as_str())
         }
         (None, Some(r)) => (r, "from the trace's OOM entries (device_free)"),
         (None, None) => (DEFAULT_OUTSIDE_MEMORY, "default: CUDA context measured on an H200 with torch 2.11"),
@@ -410,14 +437,24 @@ pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
             (Some(&lo), Some(&hi)) if caps.len() == fits.len() => allocsim_whatif::fit::against_budget(lo, hi, &p.budget),
             _ => None,
         };
+        // Each card is replayed (every placement), not compared with the fitted capacity.
         let cards: Vec<_> = a
             .cards
             .iter()
             .map(|&card| {
                 let usable = card.saturating_sub(outside);
-                let fits_all = caps.len() == fits.len() && caps.iter().all(|&c| c <= usable);
-                let fits_some = caps.iter().any(|&c| c <= usable);
-                json!({"card": card, "usable": usable, "fits": fits_all, "fits_in_some_placements": fits_some && !fits_all})
+                let runs: Vec<_> = placements[..n].iter().map(|(_, pl)| allocsim_whatif::fit::on_card(&p, config, pl, card, outside)).collect();
+                let ok = runs.iter().filter(|o| o.first_oom().is_none()).count();
+                let first_oom = runs.iter().filter_map(|o| o.first_oom()).min();
+                let peak_reserved = runs.iter().map(|o| o.peak_reserved).max().unwrap_or(0);
+                json!({
+                    "card": card,
+                    "usable": usable,
+                    "fits": ok == runs.len(),
+                    "fits_in_some_placements": ok > 0 && ok < runs.len(),
+                    "first_oom": first_oom,
+                    "peak_reserved": peak_reserved,
+                })
             })
             .collect();
         results.push(json!({
@@ -500,23 +537,23 @@ fn write_fit_text(
                     };
                     writeln!(out, "    the trace itself had {had}: {verdict}")?;
                 }
-                for c in r["cards"].as_array().unwrap() {
-                    writeln!(
-                        out,
-                        "    {} card: {} usable after {} outside the allocator → {}",
-                        format_size(c["card"].as_u64().unwrap()),
-                        format_size(c["usable"].as_u64().unwrap()),
-                        format_size(outside),
-                        if c["fits"].as_bool() == Some(true) {
-                            "fits"
-                        } else if c["fits_in_some_placements"].as_bool() == Some(true) {
-                            "fits in some placements only"
-                        } else {
-                            "does not fit"
-                        }
-                    )?;
-                }
             }
+        }
+        for c in r["cards"].as_array().map_or(&[][..], |v| v.as_slice()) {
+            writeln!(
+                out,
+                "    {} card: {} usable after {} outside the allocator → {}",
+                format_size(c["card"].as_u64().unwrap_or(0)),
+                format_size(c["usable"].as_u64().unwrap_or(0)),
+                format_size(outside),
+                if c["fits"].as_bool() == Some(true) {
+                    format!("fits (replayed: peak reserved {})", format_size(c["peak_reserved"].as_u64().unwrap_or(0)))
+                } else if c["fits_in_some_placements"].as_bool() == Some(true) {
+                    "fits in some placements only".to_string()
+                } else {
+                    format!("does not fit (replayed: out of memory at request {})", c["first_oom"].as_u64().map_or("?".to_string(), |q| q.to_string()))
+                }
+            )?;
         }
     }
     if !a.cards.is_empty() {

@@ -427,6 +427,40 @@ impl Prepared {
         same_settings(config, &self.own) && limits.capacity == self.trace_capacity && limits.outside == self.budget.outside
     }
 
+    /// The request at the peak of `outcome` (a replay of this trace under `config`, `limits` and
+    /// `placement`): where reserved memory first reached its peak, from the segment events; when
+    /// reserved memory never rose above where the trace started (no segment was made or mapped,
+    /// e.g. history turned on after warm-up), where allocated memory first reached its peak,
+    /// counting the blocks already live at the trace's start. `None` without requests.
+    pub fn peak_request(&self, outcome: &ReplayOutcome, config: &AllocatorConfig, limits: &Limits, placement: Placement) -> Option<u32> {
+        outcome.peak_reserved_request().or_else(|| self.peak_allocated_request(config, limits, placement))
+    }
+
+    /// The request whose malloc first brought allocated memory (with the blocks live at the
+    /// trace's start) to its peak, replaying under `config`, `limits` and `placement`.
+    pub fn peak_allocated_request(&self, config: &AllocatorConfig, limits: &Limits, placement: Placement) -> Option<u32> {
+        let opts = self.options(config, limits, placement);
+        let device = allocsim_model::SimDevice::new(opts.device_memory, opts.placement.clone());
+        let (mut best, mut at) = (-1i64, None);
+        let ops = &self.program.ops;
+        crate::replay::replay_observed(
+            &self.program,
+            &opts,
+            device,
+            |_, oi| self.empty_cache.get(oi).copied().unwrap_or(false),
+            |alloc, oi| {
+                let cur = alloc.stats.allocated_bytes.all().current;
+                if cur > best {
+                    best = cur;
+                    if let Some(crate::program::Op::Malloc(q)) = ops.get(oi) {
+                        at = Some(*q);
+                    }
+                }
+            },
+        );
+        at.or_else(|| (!self.program.requests.is_empty()).then_some(0))
+    }
+
     /// The stack recorded for request `req` (innermost first; empty when none was recorded).
     pub fn frames(&self, req: u32) -> &[Frame] {
         let stack = self.program.requests.get(req as usize).map_or(0, |r| r.stack as usize);

@@ -169,7 +169,7 @@ pub fn explain(
         At::FirstOom => (full.first_oom()?, false),
         At::Request(n) => (n, false),
         // The request whose events reached the peak.
-        At::Peak => (full.peak_reserved_request().unwrap_or(0), true),
+        At::Peak => (prepared.peak_request(&full, config, &limits, placement.clone()).unwrap_or(0), true),
     };
     let r = *prepared.program.requests.get(req as usize)?;
     let k = op_index_of_malloc(&prepared.program, req)?;
