@@ -217,6 +217,18 @@ pub(crate) fn say_device(io: &mut Io<'_>, choice: &allocsim_replay::devices::Dev
     }
 }
 
+/// Says what a snapshot without any trace entry can tell (and how to record history): a line of
+/// the text output, or a note on stderr beside machine-readable output. Returns whether it did.
+pub(crate) fn say_no_history(io: &mut Io<'_>, snap: &Snapshot, machine: bool) -> std::io::Result<bool> {
+    let Some(text) = snap.no_history_note() else { return Ok(false) };
+    if machine {
+        writeln!(io.err, "allocsim: note: {text}")?;
+    } else {
+        writeln!(io.out, "note: {text}")?;
+    }
+    Ok(true)
+}
+
 pub(crate) fn load(path: &Path) -> Result<Snapshot, UserError> {
     allocsim_trace::read_trace(path).map_err(|e| trace_error(path, e))
 }

@@ -38,9 +38,49 @@ pub struct ExplainArgs {
     pub json: bool,
 }
 
+/// `explain` on a snapshot without history: its final state, and the live blocks that pin free
+/// memory (`top` of them).
+fn write_final_state(out: &mut dyn Write, path: &std::path::Path, device: usize, f: &allocsim_report::explain::FinalState, top: usize) -> io::Result<()> {
+    writeln!(
+        out,
+        "{} (device {device}), final state: {} reserved in {} segments, {} allocated, {} free (largest free block {}); {} of the free is in segments that live blocks keep from being released",
+        path.display(),
+        fs(f.reserved),
+        f.segments,
+        fs(f.allocated),
+        fs(f.free),
+        fs(f.largest_free_block),
+        fs(f.pinned_free)
+    )?;
+    if !f.pinning_sites.is_empty() {
+        writeln!(out, "Live blocks that keep free memory from being released, by where they were allocated:")?;
+        for s in f.pinning_sites.iter().take(top) {
+            writeln!(out, "  {:>12} free pinned by {} block{} ({}) from {}", fs(s.pinned_free), s.blocks, if s.blocks == 1 { "" } else { "s" }, fs(s.live_bytes), s.call_site)?;
+        }
+    }
+    if !f.pinned.is_empty() {
+        writeln!(out, "Segments whose free memory live blocks pin (most free first; {} such segments):", f.pinned.len())?;
+        for s in f.pinned.iter().take(top) {
+            writeln!(out, "  {:#x}  {} segment, {} free (largest {}), held by {} live block{}", s.address, fs(s.size), fs(s.free), fs(s.largest_free_block), s.live.len(), if s.live.len() == 1 { "" } else { "s" })?;
+        }
+    }
+    Ok(())
+}
+
 pub fn cmd_explain(a: &ExplainArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
-    let (_, p, config) = a.trace.prepare_for(a.config.as_deref(), a.capacity)?;
+    let (snap, p, config) = a.trace.prepare_for(a.config.as_deref(), a.capacity)?;
     crate::cli::say_device(io, &p.choice, a.json)?;
+    if p.program.requests.is_empty() {
+        // No history: the final state is all there is to explain.
+        crate::cli::say_no_history(io, &snap, a.json)?;
+        let f = allocsim_report::explain::final_state(&p);
+        if a.json {
+            write_json(io.out, &serde_json::json!({"explanation": null, "reason": "no trace entries", "final_state": f}))?;
+        } else {
+            write_final_state(io.out, &a.trace.trace, p.device, &f, a.top)?;
+        }
+        return Ok(0);
+    }
     let placement = match &a.addresses_from {
         Some(path) => {
             let other = load(path)?;

@@ -34,8 +34,9 @@ pub struct PhasesArgs {
 }
 
 pub fn cmd_phases(a: &PhasesArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
-    let (_, p, config) = a.trace.prepare_for(a.config.as_deref(), a.capacity)?;
+    let (snap, p, config) = a.trace.prepare_for(a.config.as_deref(), a.capacity)?;
     crate::cli::say_device(io, &p.choice, a.json)?;
+    crate::cli::say_no_history(io, &snap, a.json)?;
     let layout = Layout::of(&p, a.by.as_deref())?;
     let ph = measure(&p, &layout, &config, a.capacity, &p.recorded_placement(), a.top);
     if a.json {

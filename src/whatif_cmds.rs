@@ -137,8 +137,11 @@ fn range(r: Option<(u64, u64)>) -> String {
 }
 
 pub fn cmd_sweep(a: &SweepArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
-    let (_, p) = a.trace.prepare()?;
+    let (snap, p) = a.trace.prepare()?;
     crate::cli::say_device(io, &p.choice, a.json || a.csv)?;
+    if p.program.requests.is_empty() && crate::cli::say_no_history(io, &snap, a.json || a.csv)? {
+        return Err(UserError(format!("{}: no trace entries, so no requests to replay under other settings", a.trace.trace.display())));
+    }
     let grid = a.grid.as_deref().unwrap_or(DEFAULT_GRID);
     let points: Vec<GridPoint> = parse_grid(grid, &a.base).map_err(UserError)?;
     let pb = progress_bar(replay_count(&points, a.placements), a.json || a.csv);
@@ -287,7 +290,7 @@ fn write_sweep_text(
             w.num_alloc_retries.to_string(),
             w.num_sync_all_streams.to_string(),
             format!("{} / {}", w.num_device_alloc, w.num_device_free),
-            format!("{:.1} ms", w.device_call_us / 1000.0),
+            format!("{:.1} ms", (w.device_call_us / 1000.0).max(0.0)),
         ]);
         t.add_row(cells);
     }
@@ -396,8 +399,11 @@ pub struct FitArgs {
 }
 
 pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
-    let (_, p) = a.trace.prepare()?;
+    let (snap, p) = a.trace.prepare()?;
     crate::cli::say_device(io, &p.choice, a.json)?;
+    if p.program.requests.is_empty() && crate::cli::say_no_history(io, &snap, a.json)? {
+        return Err(UserError(format!("{}: no trace entries, so no requests to fit", a.trace.trace.display())));
+    }
     let points: Vec<GridPoint> = match (&a.grid, &a.config) {
         (Some(g), _) => parse_grid(g, "").map_err(UserError)?,
         (None, Some(c)) => vec![GridPoint { conf: c.clone(), config: AllocatorConfig::parse(c).map_err(|e| e.to_string()) }],

@@ -126,6 +126,8 @@ pub fn choose_device(snap: &Snapshot) -> DeviceChoice {
     }
     let with_segments: Vec<DeviceFacts> = all.into_iter().filter(|f| f.reserved_at_end > 0).collect();
     match with_segments.iter().min_by_key(|f| (std::cmp::Reverse(f.reserved_at_end), f.device)) {
+        // One device, device 0: nothing was chosen.
+        Some(best) if with_segments.len() == 1 && best.device == 0 => DeviceChoice { device: 0, reason: DeviceReason::Only, candidates: with_segments },
         Some(best) => DeviceChoice { device: best.device, reason: DeviceReason::HasSegments, candidates: with_segments },
         None => DeviceChoice { device: 0, reason: DeviceReason::Only, candidates: Vec::new() },
     }
