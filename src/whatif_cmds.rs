@@ -66,6 +66,17 @@ impl TraceArgs {
     }
 }
 
+/// A snapshot without history has no requests to `what`: the error, with how to record them.
+fn no_requests(snap: &Snapshot, p: &Prepared, path: &Path, what: &str) -> Result<(), UserError> {
+    if !p.program.requests.is_empty() || !snap.has_no_history() {
+        return Ok(());
+    }
+    Err(UserError(format!(
+        "{}: no trace entries (memory history was not recorded), so no requests to {what}; record them with torch.cuda.memory._record_memory_history(max_entries=100000) before the code to analyse, then torch.cuda.memory._dump_snapshot(\"snapshot.pickle\")",
+        path.display()
+    )))
+}
+
 /// `--config STR`, with PyTorch's error text.
 pub fn parse_config(c: &str) -> Result<AllocatorConfig, UserError> {
     AllocatorConfig::parse(c).map_err(|e| UserError(format!("--config {c:?}: {e}")))
@@ -138,10 +149,8 @@ fn range(r: Option<(u64, u64)>) -> String {
 
 pub fn cmd_sweep(a: &SweepArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (snap, p) = a.trace.prepare()?;
+    no_requests(&snap, &p, &a.trace.trace, "replay under other settings")?;
     crate::cli::say_device(io, &p.choice, a.json || a.csv)?;
-    if p.program.requests.is_empty() && crate::cli::say_no_history(io, &snap, a.json || a.csv)? {
-        return Err(UserError(format!("{}: no trace entries, so no requests to replay under other settings", a.trace.trace.display())));
-    }
     let grid = a.grid.as_deref().unwrap_or(DEFAULT_GRID);
     let points: Vec<GridPoint> = parse_grid(grid, &a.base).map_err(UserError)?;
     let pb = progress_bar(replay_count(&points, a.placements), a.json || a.csv);
@@ -400,10 +409,8 @@ pub struct FitArgs {
 
 pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (snap, p) = a.trace.prepare()?;
+    no_requests(&snap, &p, &a.trace.trace, "fit")?;
     crate::cli::say_device(io, &p.choice, a.json)?;
-    if p.program.requests.is_empty() && crate::cli::say_no_history(io, &snap, a.json)? {
-        return Err(UserError(format!("{}: no trace entries, so no requests to fit", a.trace.trace.display())));
-    }
     let points: Vec<GridPoint> = match (&a.grid, &a.config) {
         (Some(g), _) => parse_grid(g, "").map_err(UserError)?,
         (None, Some(c)) => vec![GridPoint { conf: c.clone(), config: AllocatorConfig::parse(c).map_err(|e| e.to_string()) }],
