@@ -355,10 +355,10 @@ fn write_sweep_text(
             100.0 * allocsim_whatif::sweep::MIN_GAIN
         ),
         Some(R::Better { best, own }) if rows[own].placements_with_oom() > 0 && rows[best].placements_with_oom() == 0 => format!(
-            "recommendation: {} avoids the OOM that {} runs into at request {} (peak reserved {})",
+            "recommendation: {} avoids the OOM at request {} under {} (peak reserved {})",
             name(&rows[best]),
-            own_name(&rows[own]),
             rows[own].first_oom_range().0.unwrap_or(0),
+            own_name(&rows[own]),
             range(rows[best].peak_reserved_range())
         ),
         Some(R::Better { best, own }) => format!(

@@ -364,3 +364,51 @@ fn explain_at_peak_without_segment_events() {
     let j = json(&["explain", late.arg(), "--at", "peak", "--json"]);
     assert_eq!(j["request"].as_u64(), best_req.map(u64::from), "the peak of live bytes is at request {best_req:?} ({best} bytes)");
 }
+
+// ----- sweep and fit -----
+
+/// sweep recommends only a setting that helps. The compiled training run's peak reserved is the
+/// same under every setting (within 1%): keep the own settings, no "X (peak reserved 292 MiB vs
+/// 292 MiB)". The frag recording under its 2 GiB cap (inferred between 1.95 and 2.20 GiB) holds
+/// 606 MiB and then asks for 256, 512 and 1024 MiB, which stay allocated once served: 2398 MiB,
+/// more than any allowed maximum it could have had, so every setting runs out of memory.
+#[test]
+fn sweep_recommends_only_what_helps() {
+    let t = "traces/field/compile_train__default.pickle.gz";
+    let out = success(&["sweep", t, "--placements", "1"]);
+    let line = out.lines().find(|l| l.starts_with("recommendation:")).unwrap();
+    assert!(line.starts_with("recommendation: keep the defaults (the trace's own settings) — they are as good as any setting tried"), "{out}");
+    let j = json(&["sweep", t, "--placements", "1", "--json"]);
+    // The best-ranked setting and the defaults: no OOM in either, peaks within 1%.
+    let rows = j["rows"].as_array().unwrap();
+    let own = rows.iter().find(|r| r["conf"] == "").unwrap();
+    let peak = |r: &Value| r["outcomes"][0]["peak_reserved"].as_u64().unwrap();
+    assert!(rows[0]["outcomes"][0]["first_oom"].is_null() && own["outcomes"][0]["first_oom"].is_null());
+    assert!(peak(&rows[0]) as f64 >= 0.99 * peak(own) as f64, "{} vs {}", peak(&rows[0]), peak(own));
+    let out = success(&["sweep", FRAG, "--placements", "1"]);
+    let line = out.lines().find(|l| l.starts_with("recommendation:")).unwrap();
+    assert!(line.starts_with("recommendation: none — every setting runs out of memory; the smallest shortfall is "), "{out}");
+}
+
+/// fit --cards replays each card. The training job that ran out of memory because another
+/// process held the GPU (peak allocated 3.63 GiB) fits a 24 GiB and a 40 GiB card: the other
+/// process's memory does not follow it to another card. A 1 GiB card cannot hold its 3.63 GiB.
+#[test]
+fn fit_cards_replays_each_card() {
+    let t = "traces/field/devfull_train__default.pickle.gz";
+    let out = success(&["fit", t, "--cards", "24GiB,40GiB,1GiB"]);
+    let cards: Vec<&str> = out.lines().filter(|l| l.contains(" card: ")).collect();
+    assert_eq!(cards.len(), 3, "one line per card:\n{out}");
+    assert!(cards[0].starts_with("    24.00 GiB card:") && cards[0].contains("→ fits"), "{out}");
+    assert!(cards[1].starts_with("    40.00 GiB card:") && cards[1].contains("→ fits"), "{out}");
+    assert!(cards[2].contains("→ does not fit"), "{out}");
+    let j = json(&["fit", t, "--cards", "24GiB,40GiB,1GiB", "--json"]);
+    let verdicts: Vec<bool> = j["cards"].as_array().unwrap().iter().map(|c| c["fits"].as_bool().unwrap()).collect();
+    assert_eq!(verdicts, [true, true, false]);
+    // Consistent with the peaks: a card that fits has room for the peak allocated.
+    for c in j["cards"].as_array().unwrap() {
+        if c["fits"] == true {
+            assert!(c["usable"].as_u64() >= j["peak_allocated"].as_u64(), "{c}");
+        }
+    }
+}
