@@ -513,11 +513,12 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayArgs, r: &ReplaySummary) 
     if expandable > 0 {
         writeln!(
             out,
-            "  at the end        {} reserved ({} mapped ranges of expandable segments{}), {} allocated",
+            "  at the end        {} reserved ({} mapped range{} of expandable segments{}), {} allocated",
             format_size(s.reserved_bytes.all().current as u64),
             expandable,
+            if expandable == 1 { "" } else { "s" },
             match s.segment.all().current {
-                0 => "; PyTorch's `segment` counter counts cudaMalloc'd segments only, so memory_stats() says 0".to_string(),
+                0 => "; memory_stats()' `segment` counter counts cudaMalloc'd segments only and says 0".to_string(),
                 n => format!(", and {n} cudaMalloc'd segments"),
             },
             format_size(s.allocated_bytes.all().current as u64)

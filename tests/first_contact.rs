@@ -412,3 +412,30 @@ fn fit_cards_replays_each_card() {
         }
     }
 }
+
+// ----- wording -----
+
+/// A divergence names the field that differs, so its two sides never read the same.
+#[test]
+fn divergences_say_which_field_differs() {
+    let orig = load(TINY_STACKS_ALL);
+    // A segment event's size changed: the size is named.
+    let mut s = orig.clone();
+    let e = s.device_traces[0].iter_mut().find(|e| e.action == allocsim_trace::Action::SegmentAlloc).unwrap();
+    e.size += 2 << 20;
+    let t = write(&s, "size-differs.pickle.gz");
+    let o = run(&["validate", t.arg()]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let line = out.lines().find(|l| l.contains("segment events")).unwrap();
+    assert!(line.contains("event 0 differs in its size"), "{line}");
+}
+
+/// Expandable segments: PyTorch's `segment` counter counts cudaMalloc'd segments only, so the
+/// replay says what the reserved memory is in instead of "reserved in 0 segments".
+#[test]
+fn expandable_segments_are_not_reported_as_zero_segments() {
+    let out = success(&["replay", "traces/frag__expandable__2048M.pickle.gz"]);
+    let line = out.lines().find(|l| l.contains("at the end")).unwrap();
+    assert!(!line.contains("in 0 segments") && line.contains("1 mapped range of expandable segments") && line.contains("cudaMalloc'd segments only"), "{line}");
+}

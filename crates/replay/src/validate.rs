@@ -59,12 +59,13 @@ pub fn validate(r: &Replayed) -> Validation {
                     if a.0 != b.0 {
                         f.push("request");
                     }
-                    format!("the {} differ{}: ", f.join(" and "), if f.len() == 1 { "s" } else { "" })
+                    let last = f.pop().unwrap_or("fields");
+                    if f.is_empty() { format!("differs in its {last}: ") } else { format!("differs in its {} and {last}: ", f.join(", ")) }
                 }
-                (Some(_), None) => "the replay made fewer segment events: ".to_string(),
-                _ => "the replay made more segment events: ".to_string(),
+                (Some(_), None) => "was not made by the replay: ".to_string(),
+                _ => "was made by the replay only: ".to_string(),
             };
-            format!("event {matched}: {which}recorded {}, simulated {}", show(a), show(b))
+            format!("event {matched} {which}recorded {}, simulated {}", show(a), show(b))
         }),
     };
     let sim_ooms: Vec<u32> = o.ooms.iter().map(|x| x.request).collect();
@@ -163,5 +164,24 @@ fn segment_difference(x: &SegmentShape, y: &SegmentShape) -> String {
             x.0, x.1, a.0, state_name(a.1), state_name(b.1)
         ),
         _ => format!("at {:#x} ({} bytes) the number of blocks differs: recorded {}, simulated {}", x.0, x.1, x.2.len(), y.2.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_segment_difference_names_the_field() {
+        use BlockState::*;
+        let rec: SegmentShape = (0x1000, 4 << 20, vec![(1 << 20, ActiveAllocated), (3 << 20, Inactive)]);
+        let state = (0x1000, 4 << 20, vec![(1 << 20, Inactive), (3 << 20, Inactive)]);
+        assert_eq!(segment_difference(&rec, &state), "at 0x1000 (4194304 bytes) block 0 (1048576 bytes)'s state differs: recorded active_allocated, simulated inactive");
+        let size = (0x1000, 4 << 20, vec![(2 << 20, ActiveAllocated), (2 << 20, Inactive)]);
+        assert!(segment_difference(&rec, &size).contains("block 0's size differs: recorded 1048576 bytes (active_allocated), simulated 2097152 bytes"));
+        let count = (0x1000, 4 << 20, vec![(1 << 20, ActiveAllocated), (3 << 20, Inactive), (0, Inactive)]);
+        assert!(segment_difference(&rec, &count).contains("the number of blocks differs: recorded 2, simulated 3"));
+        assert!(segment_difference(&rec, &(0x2000, 4 << 20, vec![])).starts_with("the address differs"));
+        assert!(segment_difference(&rec, &(0x1000, 2 << 20, vec![])).contains("the size differs"));
     }
 }
