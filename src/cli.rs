@@ -591,7 +591,7 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayArgs, r: &ReplaySummary) 
         Some((first, &(ref req, device_free))) => {
             writeln!(
                 out,
-                "  OOMs              {} ; the first at request {} ({} on stream {}{}):",
+                "  OOMs              {}; the first at request {} ({} on stream {}{}):",
                 o.ooms.len(),
                 first.request,
                 format_size(req.size),

@@ -410,8 +410,10 @@ pub struct OomCause {
     pub recorded_oom: bool,
     /// `"allowed_maximum"` (the fraction check refused) or `"device_full"` (the device had no room).
     pub limit: &'static str,
-    /// Enough memory was reserved but unallocated to hold the request, only not in one block it
-    /// could use: fragmentation (else the live tensors themselves left too little room).
+    /// The live tensors and the request fit in what the allocator could hold (the allowed
+    /// maximum, or its reserved bytes plus the device's free ones), only the free memory was not
+    /// in one block it could use: fragmentation (else the live tensors themselves left too
+    /// little room).
     pub fragmentation: bool,
     pub size: u64,
     pub call_site: Option<String>,
@@ -422,9 +424,9 @@ impl OomCause {
     pub fn describe(&self) -> String {
         let limit = if self.limit == "device_full" { "the device was full" } else { "over the allowed maximum" };
         if self.fragmentation {
-            format!("{limit}, with enough reserved-but-unallocated memory that no block could use (fragmentation)")
+            format!("{limit}, though the live tensors and this request fit in what the allocator could hold: its free memory was not in one block it could use (fragmentation)")
         } else {
-            format!("{limit}, with too little memory free even counting reserved-but-unallocated (the live tensors)")
+            format!("{limit}: the live tensors and this request need more than the allocator could hold, however its free memory lay")
         }
     }
     /// Whether two OOMs have the same cause (limit and fragmentation).
@@ -441,12 +443,16 @@ pub fn oom_causes(prepared: &Prepared, outcome: &allocsim_replay::ReplayOutcome)
         .map(|o| {
             let i = &o.info;
             let over_allowed = i.allowed_memory_maximum.is_some_and(|a| i.reserved_bytes + i.alloc_size > a);
-            let unallocated = i.reserved_bytes.saturating_sub(i.allocated_bytes + i.allocated_in_private_pools);
+            // What the allocator could have held: the allowed maximum, or what it had reserved plus
+            // what the device still had free, whichever is less. Fragmentation: the live tensors
+            // and this request fit in it, only the free memory was not in a block it could use.
+            let room = (i.reserved_bytes + i.device_free).min(i.allowed_memory_maximum.unwrap_or(u64::MAX));
+            let live = i.allocated_bytes + i.allocated_in_private_pools;
             OomCause {
                 request: o.request,
                 recorded_oom: prepared.program.requests.get(o.request as usize).is_some_and(|r| r.recorded_oom),
                 limit: if over_allowed || i.device_free >= i.alloc_size { "allowed_maximum" } else { "device_full" },
-                fragmentation: unallocated >= i.rounded_size,
+                fragmentation: live + i.rounded_size <= room,
                 size: i.rounded_size,
                 call_site: prepared.call_site(o.request),
             }
