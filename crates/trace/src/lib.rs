@@ -9,6 +9,8 @@
 //! * [`pickle_write`]: a protocol-4 pickle writer for builtin types (what CPython's pickler writes).
 //! * [`snapshot`]: also [`snapshot::to_pickle`], a [`Snapshot`] back in torch 2.11's snapshot shape.
 //! * [`jsonl`]: allocsim's documented JSON Lines trace format, and conversion both ways.
+//! * [`pickle_stream`]: snapshot pickles read as a stream of events (and a first pass for the
+//!   segments and settings), in memory bounded by what the pickle's memo can still refer to.
 //! * [`jsonl_stream`]: JSON Lines read as a stream of events (and a cheap first pass for the
 //!   final segments), for replays in bounded memory.
 //! * [`read_trace`] / [`write_trace`]: files in any of these formats (gzip'd or not).
@@ -20,6 +22,7 @@ pub mod hash;
 pub mod jsonl;
 pub mod jsonl_stream;
 pub mod pickle;
+pub mod pickle_stream;
 pub mod pickle_write;
 pub mod snapshot;
 
@@ -331,6 +334,10 @@ pub enum TraceError {
     Jsonl { line: usize, msg: String },
     #[error("gzip: {0}")]
     Gzip(String),
+    /// [`pickle_stream`] cannot read this file as a stream (a shape it does not know, or invalid
+    /// input): read it whole, which gives the answer or the error.
+    #[error("not read as a stream: {0}")]
+    Unstreamable(String),
 }
 
 /// Reads a trace file: a snapshot pickle (plain or gzip'd, detected by magic bytes) or a JSON Lines

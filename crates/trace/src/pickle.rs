@@ -116,6 +116,11 @@ pub struct Decoded<'a> {
 }
 
 impl<'a> Decoded<'a> {
+    /// Values built elsewhere (by [`crate::pickle_stream`]): spans address `input`.
+    pub(crate) fn from_parts(input: &'a [u8], seqs: Vec<Vec<Value>>, dicts: Vec<Vec<(Value, Value)>>, root: Value) -> Decoded<'a> {
+        Decoded { input, extra: Vec::new(), seqs, dicts, root }
+    }
+
     /// The value the pickle's STOP returned.
     pub fn root(&self) -> Value {
         self.root

@@ -229,6 +229,37 @@ fn segments_only(d: &Decoded<'_>, items: &[Value]) -> Result<Snapshot, TraceErro
     Ok(snap)
 }
 
+/// The segments (block stacks not kept) and settings of a snapshot whose top-level values are
+/// given, checked as [`from_decoded`] checks them (the annotations too), for
+/// [`crate::pickle_stream`].
+pub(crate) fn header_from_decoded(
+    d: &Decoded<'_>,
+    segments: Option<Value>,
+    settings: Option<Value>,
+    annotations: Option<Value>,
+) -> Result<(Vec<SnapshotSegment>, RecordedSettings), TraceError> {
+    let mut c = Conv::new(d);
+    let mut segs_out = Vec::new();
+    if let Some(s) = segments {
+        let segs = d.items(s).ok_or_else(|| ns(format!("'segments' is a {}, expected a list", s.type_name())))?;
+        for (i, &sv) in segs.iter().enumerate() {
+            let mut seg = c.segment(sv, i)?;
+            for b in &mut seg.blocks {
+                b.stack = 0;
+            }
+            segs_out.push(seg);
+        }
+    }
+    let settings = match settings {
+        Some(s) => c.settings(s)?,
+        None => RecordedSettings::default(),
+    };
+    if let Some(a) = annotations {
+        annotations_of(d, a)?;
+    }
+    Ok((segs_out, settings))
+}
+
 /// `external_annotations` → [`Annotation`]s (`None` is taken as an empty list).
 fn annotations_of(d: &Decoded<'_>, a: Value) -> Result<Vec<Annotation>, TraceError> {
     if a == Value::None {

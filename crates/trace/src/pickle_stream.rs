@@ -1,0 +1,1662 @@
+//! Snapshot pickles read as a stream, for replays whose memory does not grow with the trace.
+//!
+//! [`crate::pickle`] decodes a whole pickle into arenas and [`crate::snapshot`] then builds the
+//! [`crate::Snapshot`]: memory proportional to the file (≈ 400 bytes a trace entry). This module
+//! runs the same (non-executing) pickle machine over the bytes as they are read, and recognises
+//! the shape `torch.cuda.memory._dump_snapshot` writes: a top-level dict whose `device_traces`
+//! value is a list of per-device lists of entry dicts. An entry dict is decoded into a
+//! [`TraceEntry`] as soon as it is appended to its device's list and then forgotten; everything
+//! else (the segments, the settings, the annotations, the frame dicts and the strings the memo
+//! shares) is kept as the pickle builds it. What stays is what later opcodes can still refer to:
+//!
+//! * the memo, in pages of 1024 slots allocated only when a slot holds something kept. Entry
+//!   dicts and the `'N/A'` strings torch writes fresh for every entry's `compile_context` are
+//!   not kept, so a memo reference to one makes the stream give up (no writer does that);
+//! * a `frames` list made inside an entry is interned by its frame dicts and its memo slot
+//!   rewritten to the interned stack, so a snapshot whose every entry has its own list (as torch
+//!   writes them for distinct tracebacks) costs one memo slot an entry, not a list;
+//! * strings: the keys and actions of entries are recognised by their bytes when first read
+//!   (later uses are memo references, resolved by index: no hashing per entry); other strings
+//!   live in one arena.
+//!
+//! Anything outside that shape, and any malformed input, stops the stream with
+//! [`TraceError::Unstreamable`]: the caller then reads the file whole with [`crate::read_trace`],
+//! which gives the answer (or the error message) the whole-file decoder gives. So the stream never
+//! decides what a file means; it only agrees with the whole-file decoder or steps aside.
+//!
+//! Entry dicts of the form torch writes (protocol ≥ 2: `EMPTY_DICT`, a memo put, `MARK`, key and
+//! value opcodes, `SETITEMS`) are read by a byte-level fast path ([`Vm::fast_entry`]) that handles
+//! `BINGET`/`LONG_BINGET` keys and values, the integer opcodes, `SHORT_BINUNICODE` strings and
+//! memo puts directly; an entry it does not recognise is read again by the general machine.
+//! A gzip'd file is decompressed in a second thread ([`PickleFile`]).
+//!
+//! [`PickleFile::scan`] is the first pass a replay needs (the final segments, which come before
+//! the traces; the settings, which come after; every device's segment events), and
+//! [`PickleFile::events`] the stream of `(device, entry)` (stacks and metadata not kept: every
+//! `stack` and `meta` is 0, as in [`crate::jsonl_stream::Events`]).
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+
+use crate::hash::IntHasher;
+use crate::pickle::{self, Value};
+use crate::{Action, RecordedSettings, SnapshotSegment, TraceEntry, TraceError};
+
+fn unstreamable<T>(msg: impl Into<String>) -> Result<T, TraceError> {
+    Err(TraceError::Unstreamable(msg.into()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Values
+
+/// A value on the machine's stack or in its memo: 16 bytes, `Copy`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum V {
+    /// Not a value: an empty memo slot, a field an entry does not have.
+    Absent,
+    None,
+    Bool(bool),
+    Int(i64),
+    /// Little-endian two's complement bytes in the string arena.
+    Big { start: u32, len: u32 },
+    Float(f64),
+    /// UTF-8 in the string arena.
+    Str { start: u32, len: u32 },
+    /// One of [`WORDS`].
+    Word(u8),
+    Bytes { start: u32, len: u32 },
+    List(u32),
+    Tuple(u32),
+    Set(u32),
+    FrozenSet(u32),
+    Dict(u32),
+    /// The top-level dict.
+    Top,
+    /// Its `device_traces` list.
+    DeviceTraces,
+    /// `device_traces[d]`.
+    DeviceList(u32),
+    /// An entry dict being built (a slot of [`Vm::entries`]).
+    Entry(u32),
+    /// A `frames` list made inside an entry, interned.
+    Stack(u32),
+}
+
+impl V {
+    /// A value the general containers may hold.
+    #[inline]
+    fn is_role(self) -> bool {
+        matches!(self, V::Top | V::DeviceTraces | V::DeviceList(_) | V::Entry(_) | V::Absent)
+    }
+}
+
+/// Strings recognised when read. The first [`FIELDS`] are the entry keys, in field order.
+const WORDS: [&[u8]; 25] = [
+    b"action",
+    b"addr",
+    b"device_free",
+    b"size",
+    b"stream",
+    b"time_us",
+    b"compile_context",
+    b"user_metadata",
+    b"frames",
+    b"segments",
+    b"device_traces",
+    b"allocator_settings",
+    b"external_annotations",
+    b"alloc",
+    b"free_requested",
+    b"free_completed",
+    b"segment_alloc",
+    b"segment_free",
+    b"segment_map",
+    b"segment_unmap",
+    b"oom",
+    b"snapshot",
+    b"annotate",
+    b"N/A",
+    b"",
+];
+const FIELDS: usize = 9;
+const F_ACTION: usize = 0;
+const F_ADDR: usize = 1;
+const F_DEVICE_FREE: usize = 2;
+const F_SIZE: usize = 3;
+const F_STREAM: usize = 4;
+const F_TIME: usize = 5;
+const F_CC: usize = 6;
+const F_UM: usize = 7;
+const F_FRAMES: usize = 8;
+const W_SEGMENTS: u8 = 9;
+const W_DEVICE_TRACES: u8 = 10;
+const W_SETTINGS: u8 = 11;
+const W_ANNOTATIONS: u8 = 12;
+const W_FIRST_ACTION: u8 = 13;
+const W_NA: u8 = 23;
+const ACTIONS: [Action; 10] = [
+    Action::Alloc,
+    Action::FreeRequested,
+    Action::FreeCompleted,
+    Action::SegmentAlloc,
+    Action::SegmentFree,
+    Action::SegmentMap,
+    Action::SegmentUnmap,
+    Action::Oom,
+    Action::Snapshot,
+    Action::Annotate,
+];
+
+#[inline]
+fn word(b: &[u8]) -> Option<u8> {
+    Some(match b {
+        b"action" => 0,
+        b"addr" => 1,
+        b"device_free" => 2,
+        b"size" => 3,
+        b"stream" => 4,
+        b"time_us" => 5,
+        b"compile_context" => 6,
+        b"user_metadata" => 7,
+        b"frames" => 8,
+        b"segments" => 9,
+        b"device_traces" => 10,
+        b"allocator_settings" => 11,
+        b"external_annotations" => 12,
+        b"alloc" => 13,
+        b"free_requested" => 14,
+        b"free_completed" => 15,
+        b"segment_alloc" => 16,
+        b"segment_free" => 17,
+        b"segment_map" => 18,
+        b"segment_unmap" => 19,
+        b"oom" => 20,
+        b"snapshot" => 21,
+        b"annotate" => 22,
+        b"N/A" => 23,
+        b"" => 24,
+        _ => return None,
+    })
+}
+
+/// Little-endian two's complement → i64 if it fits.
+#[inline]
+fn narrow_long(b: &[u8]) -> Option<i64> {
+    if b.is_empty() {
+        return Some(0);
+    }
+    let neg = b[b.len() - 1] & 0x80 != 0;
+    let ext = if neg { 0xff } else { 0 };
+    if b.len() > 8 && (b[8..].iter().any(|&x| x != ext) || ((b[7] & 0x80 != 0) != neg)) {
+        return None;
+    }
+    let mut buf = [ext; 8];
+    let n = b.len().min(8);
+    buf[..n].copy_from_slice(&b[..n]);
+    Some(i64::from_le_bytes(buf))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The memo
+
+const PAGE_BITS: u32 = 10;
+const PAGE: usize = 1 << PAGE_BITS;
+
+/// One page of the memo: a bitmap of `'N/A'` strings (torch writes a fresh one for every
+/// entry's `compile_context`, so most pages hold nothing else), or 4-byte slots.
+enum Page {
+    Na(Box<[u64; PAGE / 64]>),
+    Full(Box<[u32; PAGE]>),
+}
+
+/// The pickle memo: dense indices (what every pickler writes), in pages allocated on demand.
+/// A slot is 4 bytes: 0 (empty), a word, an interned stack, or an index into `kept`.
+struct Memo {
+    /// The first [`LOW`] slots, flat (the keys and actions torch's first entries define).
+    low: Box<[u32]>,
+    pages: Vec<Option<Page>>,
+    /// The number of indices put so far (the next `MEMOIZE` index).
+    count: u64,
+    kept: Vec<V>,
+}
+
+const LOW: usize = 1 << 16;
+const TAG_SHIFT: u32 = 29;
+const TAG_STACK: u32 = 1 << TAG_SHIFT;
+const TAG_KEPT: u32 = 2 << TAG_SHIFT;
+const PAYLOAD: u32 = TAG_STACK - 1;
+const NA_CODE: u32 = W_NA as u32 + 1;
+
+impl Default for Memo {
+    fn default() -> Memo {
+        Memo { low: vec![0; LOW].into_boxed_slice(), pages: Vec::new(), count: 0, kept: Vec::new() }
+    }
+}
+
+impl Memo {
+    /// The slot's code (see [`Memo`]).
+    #[inline]
+    fn code(&self, idx: u64) -> u32 {
+        if (idx as usize) < LOW {
+            return self.low[idx as usize];
+        }
+        let i = idx as usize & (PAGE - 1);
+        match self.pages.get((idx >> PAGE_BITS) as usize) {
+            Some(Some(Page::Full(p))) => p[i],
+            Some(Some(Page::Na(bits))) => {
+                if bits[i / 64] >> (i % 64) & 1 != 0 { NA_CODE } else { 0 }
+            }
+            _ => 0,
+        }
+    }
+
+    #[inline]
+    fn decode(&self, x: u32) -> V {
+        if x == 0 {
+            V::Absent
+        } else if x < TAG_STACK {
+            V::Word((x - 1) as u8)
+        } else if x < TAG_KEPT {
+            V::Stack(x & PAYLOAD)
+        } else {
+            self.kept[(x & PAYLOAD) as usize]
+        }
+    }
+
+    #[inline]
+    fn get(&self, idx: u64) -> V {
+        if (idx as usize) < LOW {
+            return self.decode(self.low[idx as usize]);
+        }
+        let i = idx as usize & (PAGE - 1);
+        match self.pages.get((idx >> PAGE_BITS) as usize) {
+            Some(Some(Page::Full(p))) => self.decode(p[i]),
+            Some(Some(Page::Na(bits))) => {
+                if bits[i / 64] >> (i % 64) & 1 != 0 { V::Word(W_NA) } else { V::Absent }
+            }
+            _ => V::Absent,
+        }
+    }
+
+    /// Puts `v` at `idx` (which must be an index already put or the next one). Entry dicts are
+    /// not kept: their slot stays empty.
+    #[inline]
+    fn put(&mut self, idx: u64, v: V) -> Result<(), TraceError> {
+        if idx > self.count {
+            return unstreamable("a memo index out of sequence");
+        }
+        if idx == self.count {
+            self.count += 1;
+        }
+        let code = match v {
+            V::Entry(_) | V::Absent => 0,
+            V::Word(w) => w as u32 + 1,
+            V::Stack(s) if s < PAYLOAD => TAG_STACK | s,
+            _ => {
+                if self.kept.len() >= PAYLOAD as usize {
+                    return unstreamable("more than 2^29 values in the memo");
+                }
+                self.kept.push(v);
+                TAG_KEPT | (self.kept.len() - 1) as u32
+            }
+        };
+        if (idx as usize) < LOW {
+            self.low[idx as usize] = code;
+            return Ok(());
+        }
+        let page = (idx >> PAGE_BITS) as usize;
+        let i = idx as usize & (PAGE - 1);
+        if self.pages.len() <= page {
+            if code == 0 {
+                return Ok(());
+            }
+            self.pages.resize_with(page + 1, || None);
+        }
+        let slot = &mut self.pages[page];
+        match slot {
+            None if code == 0 => {}
+            None if code == NA_CODE => {
+                let mut bits = Box::new([0u64; PAGE / 64]);
+                bits[i / 64] |= 1 << (i % 64);
+                *slot = Some(Page::Na(bits));
+            }
+            None => {
+                let mut p = Box::new([0u32; PAGE]);
+                p[i] = code;
+                *slot = Some(Page::Full(p));
+            }
+            Some(Page::Na(bits)) if code == 0 => bits[i / 64] &= !(1 << (i % 64)),
+            Some(Page::Na(bits)) if code == NA_CODE => bits[i / 64] |= 1 << (i % 64),
+            Some(Page::Na(bits)) => {
+                let mut p = Box::new([0u32; PAGE]);
+                for (j, x) in p.iter_mut().enumerate() {
+                    if bits[j / 64] >> (j % 64) & 1 != 0 {
+                        *x = NA_CODE;
+                    }
+                }
+                p[i] = code;
+                *slot = Some(Page::Full(p));
+            }
+            Some(Page::Full(p)) => p[i] = code,
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Input
+
+/// Where the machine's bytes come from.
+enum Input {
+    Plain(std::fs::File),
+    /// Chunks from the decompressing thread; used chunks go back to it.
+    Gzip { rx: mpsc::Receiver<std::io::Result<Vec<u8>>>, back: mpsc::Sender<Vec<u8>>, chunk: Vec<u8>, at: usize },
+    Bytes { bytes: std::sync::Arc<[u8]>, at: usize },
+}
+
+const CHUNK: usize = 1 << 20;
+
+impl Input {
+    /// Reads into `out`; 0 at the end.
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Input::Plain(f) => loop {
+                match f.read(out) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            },
+            Input::Gzip { rx, back, chunk, at } => {
+                while *at >= chunk.len() {
+                    match rx.recv() {
+                        Ok(Ok(c)) => {
+                            let old = std::mem::replace(chunk, c);
+                            let _ = back.send(old);
+                            *at = 0;
+                            if chunk.is_empty() {
+                                return Ok(0);
+                            }
+                        }
+                        Ok(Err(e)) => return Err(e),
+                        Err(_) => return Ok(0),
+                    }
+                }
+                let n = (chunk.len() - *at).min(out.len());
+                out[..n].copy_from_slice(&chunk[*at..*at + n]);
+                *at += n;
+                Ok(n)
+            }
+            Input::Bytes { bytes, at } => {
+                let n = (bytes.len() - *at).min(out.len());
+                out[..n].copy_from_slice(&bytes[*at..*at + n]);
+                *at += n;
+                Ok(n)
+            }
+        }
+    }
+}
+
+/// Starts a thread that gunzips `f` into chunks.
+fn gunzip_thread(f: std::fs::File) -> Input {
+    let (tx, rx) = mpsc::sync_channel::<std::io::Result<Vec<u8>>>(4);
+    let (back, recycled) = mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut z = flate2::read::MultiGzDecoder::new(std::io::BufReader::with_capacity(1 << 18, f));
+        loop {
+            let mut c = recycled.try_recv().unwrap_or_default();
+            c.clear();
+            c.resize(CHUNK, 0);
+            let mut n = 0;
+            while n < CHUNK {
+                match z.read(&mut c[n..]) {
+                    Ok(0) => break,
+                    Ok(k) => n += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                }
+            }
+            c.truncate(n);
+            let end = n == 0;
+            if tx.send(Ok(c)).is_err() || end {
+                return;
+            }
+        }
+    });
+    Input::Gzip { rx, back, chunk: Vec::new(), at: 0 }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The machine
+
+/// An entry dict's fields as read (by [`FIELDS`] index).
+#[derive(Clone, Copy)]
+struct Partial {
+    f: [V; FIELDS],
+}
+
+const EMPTY_PARTIAL: Partial = Partial { f: [V::Absent; FIELDS] };
+
+/// What [`Vm`] keeps of the entries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Every entry, for [`Events`].
+    Events,
+    /// The segment entries, the segments and the settings, for [`PickleFile::scan`].
+    Scan,
+}
+
+/// What the first pass found: see [`PickleFile::scan`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PickleScan {
+    pub settings: RecordedSettings,
+    /// `len(device_traces)`.
+    pub devices: usize,
+    /// The final segments (block stacks not kept).
+    pub segments: Vec<SnapshotSegment>,
+    /// By device: its segment entries in order (stacks not kept).
+    pub segment_entries: Vec<Vec<TraceEntry>>,
+    /// Trace entries, every device's.
+    pub entries: u64,
+}
+
+type StackMap = HashMap<Vec<u32>, u32, BuildHasherDefault<IntHasher>>;
+
+struct Vm {
+    input: Input,
+    eof: bool,
+    /// Bytes `pos..end` of `buf` are read and not yet decoded.
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    stack: Vec<V>,
+    marks: Vec<usize>,
+    memo: Memo,
+    strs: Vec<u8>,
+    word_spans: [(u32, u32); WORDS.len()],
+    seqs: Vec<Vec<V>>,
+    /// Per seq: the memo index of a `frames` list made inside an entry (`u64::MAX`: none yet;
+    /// `u64::MAX - 1`: a generic seq).
+    seq_memo: Vec<u64>,
+    seq_free: Vec<u32>,
+    /// Per seq: its items were checked to be frame dicts.
+    seq_checked: Vec<bool>,
+    dicts: Vec<Vec<(V, V)>>,
+    entries: Vec<Partial>,
+    entry_free: Vec<u32>,
+    /// Entries the fast path read whole, waiting for their `APPENDS` (`V::Entry(id | READY)`).
+    ready: Vec<TraceEntry>,
+    ready_free: Vec<u32>,
+    stacks: StackMap,
+    devices: u32,
+    top_made: bool,
+    traces_made: bool,
+    top: [V; 4],
+    mode: Mode,
+    out: Vec<(usize, TraceEntry)>,
+    segment_entries: Vec<Vec<TraceEntry>>,
+    entry_count: u64,
+    done: bool,
+}
+
+const GENERIC_SEQ: u64 = u64::MAX - 1;
+/// Marks an entry slot of [`Vm::ready`].
+const READY: u32 = 1 << 31;
+const FRAMES_SEQ: u64 = u64::MAX;
+
+impl Vm {
+    fn new(input: Input, mode: Mode) -> Vm {
+        let mut strs = Vec::with_capacity(1 << 16);
+        let mut word_spans = [(0u32, 0u32); WORDS.len()];
+        for (i, w) in WORDS.iter().enumerate() {
+            word_spans[i] = (strs.len() as u32, w.len() as u32);
+            strs.extend_from_slice(w);
+        }
+        Vm {
+            input,
+            eof: false,
+            buf: Vec::new(),
+            pos: 0,
+            end: 0,
+            stack: Vec::with_capacity(4096),
+            marks: Vec::with_capacity(64),
+            memo: Memo::default(),
+            strs,
+            word_spans,
+            seqs: Vec::new(),
+            seq_memo: Vec::new(),
+            seq_free: Vec::new(),
+            seq_checked: Vec::new(),
+            dicts: Vec::new(),
+            entries: Vec::new(),
+            entry_free: Vec::new(),
+            ready: Vec::new(),
+            ready_free: Vec::new(),
+            stacks: StackMap::default(),
+            devices: 0,
+            top_made: false,
+            traces_made: false,
+            top: [V::Absent; 4],
+            mode,
+            out: Vec::with_capacity(1024),
+            segment_entries: Vec::new(),
+            entry_count: 0,
+            done: false,
+        }
+    }
+
+    /// Makes at least `n` bytes available at `pos` (fewer only at the end of the input): moves
+    /// what is left to the front of the buffer and reads until it is full.
+    #[cold]
+    fn refill(&mut self, n: usize) -> Result<(), TraceError> {
+        self.buf.copy_within(self.pos..self.end, 0);
+        self.end -= self.pos;
+        self.pos = 0;
+        if self.buf.len() < n.max(2 * CHUNK) {
+            self.buf.resize(n.max(2 * CHUNK), 0);
+        }
+        while self.end < n.max(CHUNK) && !self.eof {
+            match self.input.read(&mut self.buf[self.end..]) {
+                Ok(0) => self.eof = true,
+                Ok(k) => self.end += k,
+                Err(e) => return unstreamable(format!("reading: {e}")),
+            }
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn need(&mut self, n: usize) -> Result<(), TraceError> {
+        if self.end - self.pos < n {
+            self.refill(n)?;
+            if self.end - self.pos < n {
+                return unstreamable("the input ends inside an opcode (truncated pickle)");
+            }
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn bytes<const N: usize>(&mut self) -> Result<[u8; N], TraceError> {
+        self.need(N)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(&self.buf[self.pos..self.pos + N]);
+        self.pos += N;
+        Ok(a)
+    }
+
+    #[inline]
+    fn base(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
+    #[inline]
+    fn pop(&mut self) -> Result<V, TraceError> {
+        if self.stack.len() <= self.base() {
+            return unstreamable("stack underflow");
+        }
+        Ok(self.stack.pop().unwrap_or(V::Absent))
+    }
+
+    #[inline]
+    fn top_value(&self) -> V {
+        if self.stack.len() > self.base() { self.stack[self.stack.len() - 1] } else { V::Absent }
+    }
+
+    #[inline]
+    fn below_mark(&self) -> V {
+        match self.marks.last() {
+            Some(&m) if m > 0 => self.stack[m - 1],
+            _ => V::Absent,
+        }
+    }
+
+    /// The value two below the top (above the base), for the `SETITEM` pattern.
+    #[inline]
+    fn second(&self) -> V {
+        let n = self.stack.len();
+        if n >= self.base() + 2 { self.stack[n - 2] } else { V::Absent }
+    }
+
+    fn new_seq(&mut self, items: Vec<V>, frames: bool) -> u32 {
+        let tag = if frames { FRAMES_SEQ } else { GENERIC_SEQ };
+        if let Some(id) = self.seq_free.pop() {
+            self.seqs[id as usize] = items;
+            self.seq_memo[id as usize] = tag;
+            self.seq_checked[id as usize] = false;
+            return id;
+        }
+        self.seqs.push(items);
+        self.seq_memo.push(tag);
+        self.seq_checked.push(false);
+        (self.seqs.len() - 1) as u32
+    }
+
+    fn new_dict(&mut self, pairs: Vec<(V, V)>) -> u32 {
+        self.dicts.push(pairs);
+        (self.dicts.len() - 1) as u32
+    }
+
+    fn new_entry(&mut self) -> u32 {
+        if let Some(id) = self.entry_free.pop() {
+            self.entries[id as usize] = EMPTY_PARTIAL;
+            return id;
+        }
+        self.entries.push(EMPTY_PARTIAL);
+        (self.entries.len() - 1) as u32
+    }
+
+    /// A string read from the input (`n` bytes at `pos`, available).
+    #[inline]
+    fn string(&mut self, n: usize) -> Result<V, TraceError> {
+        let b = &self.buf[self.pos..self.pos + n];
+        let w = word(b);
+        let ok = w.is_some() || std::str::from_utf8(b).is_ok();
+        self.pos += n;
+        if let Some(w) = w {
+            return Ok(V::Word(w));
+        }
+        if !ok {
+            return unstreamable("a string that is not UTF-8");
+        }
+        self.arena(n).map(|(start, len)| V::Str { start, len })
+    }
+
+    /// Copies the `n` bytes before `pos` into the string arena.
+    fn arena(&mut self, n: usize) -> Result<(u32, u32), TraceError> {
+        let start = self.strs.len();
+        if start + n > u32::MAX as usize {
+            return unstreamable("more than 4 GiB of strings");
+        }
+        self.strs.extend_from_slice(&self.buf[self.pos - n..self.pos]);
+        Ok((start as u32, n as u32))
+    }
+
+    fn memo_put(&mut self, idx: u64, v: V) -> Result<(), TraceError> {
+        if let V::List(id) = v
+            && self.seq_memo[id as usize] == FRAMES_SEQ
+        {
+            self.seq_memo[id as usize] = idx;
+        }
+        self.memo.put(idx, v)
+    }
+
+    #[inline]
+    fn memo_get(&self, idx: u64) -> Result<V, TraceError> {
+        match self.memo.get(idx) {
+            V::Absent => unstreamable("a memo reference to a value the stream does not keep"),
+            V::Top | V::DeviceTraces | V::DeviceList(_) => unstreamable("a memo reference to the snapshot's structure"),
+            v => Ok(v),
+        }
+    }
+
+    /// The role of a list made now: a device's trace (appended to `device_traces` by `APPEND`,
+    /// or inside the `MARK` of its `APPENDS`), or `device_traces` itself (the value after that key
+    /// in the top-level dict).
+    #[inline]
+    fn list_role(&self) -> Option<V> {
+        let (top, below) = (self.top_value(), self.below_mark());
+        if top == V::DeviceTraces || below == V::DeviceTraces {
+            return Some(V::DeviceList(self.devices));
+        }
+        if top == V::Word(W_DEVICE_TRACES) && (below == V::Top || self.second() == V::Top) {
+            return Some(V::DeviceTraces);
+        }
+        None
+    }
+
+    fn push_list(&mut self) -> Result<(), TraceError> {
+        match self.list_role() {
+            Some(V::DeviceList(d)) => {
+                self.devices += 1;
+                self.stack.push(V::DeviceList(d));
+            }
+            Some(V::DeviceTraces) => {
+                if self.traces_made {
+                    return unstreamable("two device_traces lists");
+                }
+                self.traces_made = true;
+                self.stack.push(V::DeviceTraces);
+            }
+            _ => {
+                let top = self.top_value();
+                let frames = top == V::Word(F_FRAMES as u8)
+                    && (matches!(self.below_mark(), V::Entry(_)) || matches!(self.second(), V::Entry(_)));
+                let id = self.new_seq(Vec::new(), frames);
+                self.stack.push(V::List(id));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a dict made now is an entry.
+    #[inline]
+    fn dict_is_entry(&self) -> bool {
+        matches!(self.top_value(), V::DeviceList(_)) || matches!(self.below_mark(), V::DeviceList(_))
+    }
+
+    fn push_dict(&mut self) -> Result<(), TraceError> {
+        if !self.top_made && self.stack.is_empty() && self.marks.is_empty() {
+            self.top_made = true;
+            self.stack.push(V::Top);
+        } else if self.dict_is_entry() {
+            let id = self.new_entry();
+            self.stack.push(V::Entry(id));
+        } else {
+            let id = self.new_dict(Vec::new());
+            self.stack.push(V::Dict(id));
+        }
+        Ok(())
+    }
+
+    /// Appends `items` to `target`.
+    fn append(&mut self, target: V, start: usize) -> Result<(), TraceError> {
+        match target {
+            V::List(id) => {
+                for i in start..self.stack.len() {
+                    let v = self.stack[i];
+                    if v.is_role() {
+                        return unstreamable("the snapshot's structure inside another value");
+                    }
+                    self.seqs[id as usize].push(v);
+                }
+            }
+            V::DeviceTraces => {
+                for i in start..self.stack.len() {
+                    if !matches!(self.stack[i], V::DeviceList(_)) {
+                        return unstreamable("device_traces holds something other than a list");
+                    }
+                }
+            }
+            V::DeviceList(d) => {
+                for i in start..self.stack.len() {
+                    let V::Entry(slot) = self.stack[i] else {
+                        return unstreamable("a device trace holds something other than a dict");
+                    };
+                    self.finish_entry(slot, d)?;
+                }
+            }
+            _ => return unstreamable("APPEND to something other than a list"),
+        }
+        self.stack.truncate(start);
+        Ok(())
+    }
+
+    /// Sets the pairs `stack[start..]` in `target`.
+    fn set_items(&mut self, target: V, start: usize) -> Result<(), TraceError> {
+        if !(self.stack.len() - start).is_multiple_of(2) {
+            return unstreamable("an odd number of items for a dict");
+        }
+        match target {
+            V::Dict(id) => {
+                for i in (start..self.stack.len()).step_by(2) {
+                    let (k, v) = (self.stack[i], self.stack[i + 1]);
+                    if k.is_role() || v.is_role() {
+                        return unstreamable("the snapshot's structure inside another value");
+                    }
+                    self.dicts[id as usize].push((k, v));
+                }
+            }
+            V::Entry(slot) => {
+                if slot & READY != 0 {
+                    return unstreamable("an entry dict set twice");
+                }
+                for i in (start..self.stack.len()).step_by(2) {
+                    let (k, v) = (self.stack[i], self.stack[i + 1]);
+                    if v.is_role() {
+                        return unstreamable("the snapshot's structure inside an entry");
+                    }
+                    if let V::Word(w) = k
+                        && (w as usize) < FIELDS
+                    {
+                        let v = if w as usize == F_FRAMES { self.intern_frames(v)? } else { v };
+                        self.entries[slot as usize].f[w as usize] = v;
+                    }
+                }
+            }
+            V::Top => {
+                for i in (start..self.stack.len()).step_by(2) {
+                    let (k, v) = (self.stack[i], self.stack[i + 1]);
+                    match k {
+                        V::Word(W_SEGMENTS) => self.top[0] = v,
+                        V::Word(W_DEVICE_TRACES) => {
+                            if v != V::DeviceTraces {
+                                return unstreamable("device_traces is not the list the stream read");
+                            }
+                            self.top[1] = v;
+                        }
+                        V::Word(W_SETTINGS) => self.top[2] = v,
+                        V::Word(W_ANNOTATIONS) => self.top[3] = v,
+                        _ if v.is_role() || k.is_role() => {
+                            return unstreamable("the snapshot's structure under another key");
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => return unstreamable("SETITEMS on something other than a dict"),
+        }
+        self.stack.truncate(start);
+        Ok(())
+    }
+
+    /// An entry's `frames` value: a list made inside an entry is interned (its memo slot then
+    /// holds the interned stack) and its storage reused.
+    fn intern_frames(&mut self, v: V) -> Result<V, TraceError> {
+        let V::List(id) = v else { return Ok(v) };
+        let memo = self.seq_memo[id as usize];
+        if memo == GENERIC_SEQ {
+            return Ok(v);
+        }
+        let items = std::mem::take(&mut self.seqs[id as usize]);
+        let mut key = Vec::with_capacity(items.len());
+        for it in &items {
+            match *it {
+                V::Dict(d) => key.push(d),
+                _ => return unstreamable("a frame that is not a dict"),
+            }
+        }
+        let n = self.stacks.len() as u32;
+        let sid = *self.stacks.entry(key).or_insert(n);
+        let s = V::Stack(sid);
+        if memo != FRAMES_SEQ {
+            self.memo.put(memo, s)?;
+        }
+        let mut items = items;
+        items.clear();
+        self.seqs[id as usize] = items;
+        self.seq_free.push(id);
+        Ok(s)
+    }
+
+    /// Converts a complete entry dict (as [`crate::snapshot`] does) and hands it on.
+    fn finish_entry(&mut self, slot: u32, dev: u32) -> Result<(), TraceError> {
+        let e = if slot & READY != 0 {
+            let id = slot & !READY;
+            self.ready_free.push(id);
+            self.ready[id as usize]
+        } else {
+            let p = self.entries[slot as usize];
+            self.entry_free.push(slot);
+            self.convert(&p)?
+        };
+        self.emit(e, dev);
+        Ok(())
+    }
+
+    /// An entry dict's fields as [`TraceEntry`] (as [`crate::snapshot`] reads them).
+    #[inline]
+    fn convert(&mut self, p: &Partial) -> Result<TraceEntry, TraceError> {
+        let action = match p.f[F_ACTION] {
+            V::Word(w) if (W_FIRST_ACTION..W_FIRST_ACTION + 10).contains(&w) => ACTIONS[(w - W_FIRST_ACTION) as usize],
+            _ => return unstreamable("an entry without a known action"),
+        };
+        let lenient = action == Action::Annotate;
+        let addr = if action == Action::Oom {
+            if p.f[F_DEVICE_FREE] != V::Absent { p.f[F_DEVICE_FREE] } else { p.f[F_ADDR] }
+        } else {
+            p.f[F_ADDR]
+        };
+        let addr = self.u64_field(addr, lenient)?;
+        let size = self.u64_field(p.f[F_SIZE], lenient)?;
+        let stream = match p.f[F_STREAM] {
+            V::Absent => 0,
+            V::Int(i) => i as u64,
+            v @ V::Big { .. } => self.big_u64(v)?,
+            _ => return unstreamable("an entry's stream is not an int"),
+        };
+        let time_us = match p.f[F_TIME] {
+            V::Absent => 0,
+            V::Int(i) => i,
+            _ => return unstreamable("an entry's time_us is not an i64"),
+        };
+        match p.f[F_FRAMES] {
+            V::Absent | V::None | V::Stack(_) => {}
+            V::List(id) | V::Tuple(id) => {
+                if !self.seq_checked[id as usize] {
+                    if !self.seqs[id as usize].iter().all(|v| matches!(v, V::Dict(_))) {
+                        return unstreamable("a frame that is not a dict");
+                    }
+                    self.seq_checked[id as usize] = true;
+                }
+            }
+            _ => return unstreamable("an entry's frames are not a list"),
+        }
+        for f in [F_CC, F_UM] {
+            if !matches!(p.f[f], V::Absent | V::Str { .. } | V::Word(_)) {
+                return unstreamable("an entry's compile_context or user_metadata is not a str");
+            }
+        }
+        Ok(TraceEntry { action, addr, size, stream, time_us, stack: 0, meta: 0 })
+    }
+
+    #[inline]
+    fn emit(&mut self, e: TraceEntry, dev: u32) {
+        let action = e.action;
+        self.entry_count += 1;
+        match self.mode {
+            Mode::Events => self.out.push((dev as usize, e)),
+            Mode::Scan => {
+                if matches!(action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap) {
+                    let d = dev as usize;
+                    if self.segment_entries.len() <= d {
+                        self.segment_entries.resize_with(d + 1, Vec::new);
+                    }
+                    self.segment_entries[d].push(e);
+                }
+            }
+        }
+    }
+
+    #[inline]
+    fn u64_field(&self, v: V, lenient: bool) -> Result<u64, TraceError> {
+        match v {
+            V::Int(i) if i >= 0 => Ok(i as u64),
+            V::Big { .. } => self.big_u64(v),
+            V::Absent if lenient => Ok(0),
+            _ => unstreamable("an entry's address or size is not an int in 0..2^64"),
+        }
+    }
+
+    fn big_u64(&self, v: V) -> Result<u64, TraceError> {
+        let V::Big { start, len } = v else { return unstreamable("not an int") };
+        let b = &self.strs[start as usize..(start + len) as usize];
+        let neg = b.last().is_some_and(|&x| x & 0x80 != 0);
+        if neg || b.len() > 9 || (b.len() == 9 && b[8] != 0) {
+            return unstreamable("an int outside 0..2^64");
+        }
+        let mut a = [0u8; 8];
+        let n = b.len().min(8);
+        a[..n].copy_from_slice(&b[..n]);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    #[inline]
+    fn long(&mut self, n: usize) -> Result<V, TraceError> {
+        self.need(n)?;
+        let b = &self.buf[self.pos..self.pos + n];
+        if let Some(i) = narrow_long(b) {
+            self.pos += n;
+            return Ok(V::Int(i));
+        }
+        self.pos += n;
+        let (start, len) = self.arena(n)?;
+        Ok(V::Big { start, len })
+    }
+
+    /// Runs until entries were handed on (events), or to the end.
+    fn run(&mut self) -> Result<(), TraceError> {
+        while !self.done {
+            if self.end - self.pos < 16 {
+                self.refill(16)?;
+                if self.pos >= self.end {
+                    return unstreamable("the input ended before the STOP opcode (truncated pickle)");
+                }
+            }
+            let op = self.buf[self.pos];
+            if op == b'}' && self.dict_is_entry() && self.fast_entry()? {
+                continue;
+            }
+            self.pos += 1;
+            match op {
+                0x80 => {
+                    let [v] = self.bytes::<1>()?;
+                    if v > 5 {
+                        return unstreamable("pickle protocol above 5");
+                    }
+                }
+                0x95 => {
+                    self.bytes::<8>()?;
+                }
+                b'.' => {
+                    let v = self.pop()?;
+                    if v != V::Top || !self.stack.is_empty() || !self.marks.is_empty() {
+                        return unstreamable("the pickle is not one top-level dict");
+                    }
+                    if self.top[1] != V::DeviceTraces {
+                        return unstreamable("no device_traces");
+                    }
+                    self.done = true;
+                }
+                b'(' => {
+                    if self.marks.len() >= pickle::MAX_MARK_DEPTH {
+                        return unstreamable("marks nested too deep");
+                    }
+                    self.marks.push(self.stack.len());
+                }
+                b'N' => self.stack.push(V::None),
+                0x88 => self.stack.push(V::Bool(true)),
+                0x89 => self.stack.push(V::Bool(false)),
+                b'J' => {
+                    let v = i32::from_le_bytes(self.bytes::<4>()?);
+                    self.stack.push(V::Int(v as i64));
+                }
+                b'K' => {
+                    let [v] = self.bytes::<1>()?;
+                    self.stack.push(V::Int(v as i64));
+                }
+                b'M' => {
+                    let v = u16::from_le_bytes(self.bytes::<2>()?);
+                    self.stack.push(V::Int(v as i64));
+                }
+                0x8a => {
+                    let [n] = self.bytes::<1>()?;
+                    let v = self.long(n as usize)?;
+                    self.stack.push(v);
+                }
+                0x8b => {
+                    let n = i32::from_le_bytes(self.bytes::<4>()?);
+                    if n < 0 {
+                        return unstreamable("LONG4 with a negative length");
+                    }
+                    let v = self.long(n as usize)?;
+                    self.stack.push(v);
+                }
+                b'G' => {
+                    let v = f64::from_be_bytes(self.bytes::<8>()?);
+                    self.stack.push(V::Float(v));
+                }
+                0x8c | b'X' | 0x8d => {
+                    let n = match op {
+                        0x8c => self.bytes::<1>()?[0] as u64,
+                        b'X' => u32::from_le_bytes(self.bytes::<4>()?) as u64,
+                        _ => u64::from_le_bytes(self.bytes::<8>()?),
+                    };
+                    if n > u32::MAX as u64 {
+                        return unstreamable("a string over 4 GiB");
+                    }
+                    self.need(n as usize)?;
+                    let v = self.string(n as usize)?;
+                    self.stack.push(v);
+                }
+                b'C' | b'B' | 0x8e | 0x96 => {
+                    let n = match op {
+                        b'C' => self.bytes::<1>()?[0] as u64,
+                        b'B' => u32::from_le_bytes(self.bytes::<4>()?) as u64,
+                        _ => u64::from_le_bytes(self.bytes::<8>()?),
+                    };
+                    if n > u32::MAX as u64 {
+                        return unstreamable("bytes over 4 GiB");
+                    }
+                    self.need(n as usize)?;
+                    self.pos += n as usize;
+                    let (start, len) = self.arena(n as usize)?;
+                    self.stack.push(V::Bytes { start, len });
+                }
+                b'}' => self.push_dict()?,
+                b']' => self.push_list()?,
+                b')' => {
+                    let id = self.new_seq(Vec::new(), false);
+                    self.stack.push(V::Tuple(id));
+                }
+                0x8f => {
+                    let id = self.new_seq(Vec::new(), false);
+                    self.stack.push(V::Set(id));
+                }
+                0x85..=0x87 => {
+                    let n = (op - 0x84) as usize;
+                    if self.stack.len() < self.base() + n {
+                        return unstreamable("stack underflow");
+                    }
+                    let items = self.stack.split_off(self.stack.len() - n);
+                    if items.iter().any(|v| v.is_role()) {
+                        return unstreamable("the snapshot's structure in a tuple");
+                    }
+                    let id = self.new_seq(items, false);
+                    self.stack.push(V::Tuple(id));
+                }
+                b't' | b'l' | 0x91 => {
+                    let Some(start) = self.marks.pop() else { return unstreamable("no MARK") };
+                    let items = self.stack.split_off(start);
+                    if items.iter().any(|v| v.is_role()) {
+                        return unstreamable("the snapshot's structure in a tuple");
+                    }
+                    let id = self.new_seq(items, false);
+                    self.stack.push(match op {
+                        b't' => V::Tuple(id),
+                        b'l' => V::List(id),
+                        _ => V::FrozenSet(id),
+                    });
+                }
+                b'd' => {
+                    let Some(start) = self.marks.pop() else { return unstreamable("no MARK") };
+                    let id = self.new_dict(Vec::new());
+                    self.set_items(V::Dict(id), start)?;
+                    self.stack.push(V::Dict(id));
+                }
+                b'a' => {
+                    let n = self.stack.len();
+                    if n < self.base() + 2 {
+                        return unstreamable("stack underflow");
+                    }
+                    let target = self.stack[n - 2];
+                    self.append(target, n - 1)?;
+                }
+                b'e' => {
+                    let Some(start) = self.marks.pop() else { return unstreamable("no MARK") };
+                    if start == 0 || start - 1 < self.base() {
+                        return unstreamable("stack underflow");
+                    }
+                    let target = self.stack[start - 1];
+                    self.append(target, start)?;
+                }
+                b's' => {
+                    let n = self.stack.len();
+                    if n < self.base() + 3 {
+                        return unstreamable("stack underflow");
+                    }
+                    let target = self.stack[n - 3];
+                    self.set_items(target, n - 2)?;
+                }
+                b'u' => {
+                    let Some(start) = self.marks.pop() else { return unstreamable("no MARK") };
+                    if start == 0 || start - 1 < self.base() {
+                        return unstreamable("stack underflow");
+                    }
+                    let target = self.stack[start - 1];
+                    self.set_items(target, start)?;
+                }
+                0x90 => {
+                    let Some(start) = self.marks.pop() else { return unstreamable("no MARK") };
+                    if start == 0 || start - 1 < self.base() {
+                        return unstreamable("stack underflow");
+                    }
+                    let V::Set(id) = self.stack[start - 1] else { return unstreamable("ADDITEMS to a non-set") };
+                    for i in start..self.stack.len() {
+                        let v = self.stack[i];
+                        if v.is_role() {
+                            return unstreamable("the snapshot's structure in a set");
+                        }
+                        self.seqs[id as usize].push(v);
+                    }
+                    self.stack.truncate(start);
+                }
+                0x94 => {
+                    let v = self.top_value();
+                    if v == V::Absent {
+                        return unstreamable("MEMOIZE on an empty stack");
+                    }
+                    self.memo_put(self.memo.count, v)?;
+                }
+                b'q' | b'r' => {
+                    let i = if op == b'q' { self.bytes::<1>()?[0] as u64 } else { u32::from_le_bytes(self.bytes::<4>()?) as u64 };
+                    let v = self.top_value();
+                    if v == V::Absent {
+                        return unstreamable("a memo put on an empty stack");
+                    }
+                    self.memo_put(i, v)?;
+                }
+                b'h' => {
+                    let [i] = self.bytes::<1>()?;
+                    let v = self.memo_get(i as u64)?;
+                    self.stack.push(v);
+                }
+                b'j' => {
+                    let i = u32::from_le_bytes(self.bytes::<4>()?);
+                    let v = self.memo_get(i as u64)?;
+                    self.stack.push(v);
+                }
+                _ => {
+                    return unstreamable(format!(
+                        "pickle opcode {} is not read by the stream",
+                        pickle::opcode_name(op).unwrap_or("(unknown)")
+                    ));
+                }
+            }
+            if !self.out.is_empty() {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// The byte-level fast path for one entry dict at `pos` (an `EMPTY_DICT` where an entry
+    /// begins): `EMPTY_DICT`, a memo put, `MARK`, then key/value pairs whose keys are memo
+    /// references to entry keys, and whose values are ints (`BININT*`, `LONG1`), memo references
+    /// or short strings (with their memo puts), then `SETITEMS`. Converts the entry as
+    /// [`Vm::convert`] would, pushes it and returns `true`; returns `false` without changing
+    /// anything when the bytes are not of that form or the entry is not valid (the general
+    /// machine then reads them and decides).
+    #[inline]
+    fn fast_entry(&mut self) -> Result<bool, TraceError> {
+        const WINDOW: usize = 1024;
+        const INT_FIELD: [bool; FIELDS] = [false, true, true, true, true, true, false, false, false];
+        if self.end - self.pos < WINDOW {
+            self.refill(WINDOW)?;
+        }
+        let b = &self.buf[self.pos..self.end];
+        let b = &b[..b.len().min(WINDOW)];
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) as u64;
+        let mut i = 1;
+        let mut memo_next = self.memo.count;
+        // The entry dict's own memo put.
+        match b.get(i) {
+            Some(0x94) => i += 1,
+            Some(b'q') if b.get(i + 1).map(|&x| x as u64) == Some(memo_next) => i += 2,
+            Some(b'r') if b.len() > i + 4 && u32_at(i + 1) == memo_next => i += 5,
+            _ => return Ok(false),
+        }
+        memo_next += 1;
+        if b.get(i) != Some(&b'(') {
+            return Ok(false);
+        }
+        i += 1;
+        let mut ints = [0i64; FIELDS];
+        let mut have = 0u32;
+        let mut action = 0u32;
+        let mut frames = V::Absent;
+        // Strings this entry made: (memo index or u64::MAX, start in `b`, length, word code).
+        let mut fresh = [(0u64, 0usize, 0usize, 0u32); 4];
+        let mut nfresh = 0usize;
+        let memo = &self.memo;
+        loop {
+            if i + 12 > b.len() {
+                return Ok(false);
+            }
+            let code = match b[i] {
+                b'h' => {
+                    i += 2;
+                    memo.code(b[i - 1] as u64)
+                }
+                b'j' => {
+                    i += 5;
+                    memo.code(u32_at(i - 4))
+                }
+                b'u' => {
+                    i += 1;
+                    break;
+                }
+                _ => return Ok(false),
+            };
+            let k = code.wrapping_sub(1) as usize;
+            if k >= FIELDS {
+                return Ok(false);
+            }
+            match b[i] {
+                op @ (b'K' | b'M' | b'J' | 0x8a) => {
+                    let x = match op {
+                        b'K' => {
+                            i += 2;
+                            b[i - 1] as i64
+                        }
+                        b'M' => {
+                            i += 3;
+                            u16::from_le_bytes([b[i - 2], b[i - 1]]) as i64
+                        }
+                        b'J' => {
+                            i += 5;
+                            u32_at(i - 4) as u32 as i32 as i64
+                        }
+                        _ => {
+                            let n = b[i + 1] as usize;
+                            if n > 8 {
+                                return Ok(false);
+                            }
+                            // The n bytes, sign-extended (8 bytes are in the window).
+                            let raw = u64::from_le_bytes([b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7], b[i + 8], b[i + 9]]);
+                            i += 2 + n;
+                            if n == 0 {
+                                0
+                            } else {
+                                let sh = 64 - 8 * n as u32;
+                                ((raw << sh) as i64) >> sh
+                            }
+                        }
+                    };
+                    if !INT_FIELD[k] {
+                        return Ok(false);
+                    }
+                    ints[k] = x;
+                }
+                op @ (b'h' | b'j') => {
+                    let c = if op == b'h' {
+                        i += 2;
+                        memo.code(b[i - 1] as u64)
+                    } else {
+                        i += 5;
+                        memo.code(u32_at(i - 4))
+                    };
+                    let w = c.wrapping_sub(1);
+                    match k {
+                        F_ACTION if (W_FIRST_ACTION as u32..W_FIRST_ACTION as u32 + 10).contains(&w) => action = w,
+                        F_CC | F_UM if c != 0 && c < TAG_STACK => {}
+                        F_CC | F_UM if c >= TAG_KEPT && matches!(memo.decode(c), V::Str { .. }) => {}
+                        F_FRAMES if c >= TAG_STACK => {
+                            frames = memo.decode(c);
+                            if !matches!(frames, V::Stack(_) | V::List(_) | V::Tuple(_)) {
+                                return Ok(false);
+                            }
+                        }
+                        _ if INT_FIELD[k] && c >= TAG_KEPT => match memo.decode(c) {
+                            V::Int(x) => ints[k] = x,
+                            _ => return Ok(false),
+                        },
+                        _ => return Ok(false),
+                    }
+                }
+                0x8c => {
+                    let n = b[i + 1] as usize;
+                    if i + 2 + n + 6 > b.len() || nfresh == fresh.len() {
+                        return Ok(false);
+                    }
+                    let start = i + 2;
+                    let s = &b[start..start + n];
+                    i += 2 + n;
+                    let w = word(s);
+                    match (k, w) {
+                        (F_ACTION, Some(w)) if (W_FIRST_ACTION..W_FIRST_ACTION + 10).contains(&w) => action = w as u32,
+                        (F_CC | F_UM, Some(_)) => {}
+                        (F_CC | F_UM, None) if std::str::from_utf8(s).is_ok() => {}
+                        _ => return Ok(false),
+                    }
+                    let idx = match b[i] {
+                        0x94 => {
+                            i += 1;
+                            memo_next += 1;
+                            memo_next - 1
+                        }
+                        b'q' if b[i + 1] as u64 == memo_next => {
+                            i += 2;
+                            memo_next += 1;
+                            memo_next - 1
+                        }
+                        b'r' if u32_at(i + 1) == memo_next => {
+                            i += 5;
+                            memo_next += 1;
+                            memo_next - 1
+                        }
+                        _ => u64::MAX,
+                    };
+                    if idx != u64::MAX {
+                        fresh[nfresh] = (idx, start, n, w.map_or(0, |w| w as u32 + 1));
+                        nfresh += 1;
+                    }
+                }
+                _ => return Ok(false),
+            }
+            have |= 1 << k;
+        }
+        // The entry, as `convert` makes it.
+        if have & 1 << F_ACTION == 0 {
+            return Ok(false);
+        }
+        let act = ACTIONS[(action - W_FIRST_ACTION as u32) as usize];
+        let lenient = act == Action::Annotate;
+        let af = if act == Action::Oom && have & 1 << F_DEVICE_FREE != 0 { F_DEVICE_FREE } else { F_ADDR };
+        let field = |f: usize| -> Option<u64> {
+            if have & 1 << f != 0 {
+                u64::try_from(ints[f]).ok()
+            } else if lenient {
+                Some(0)
+            } else {
+                None
+            }
+        };
+        let (Some(addr), Some(size)) = (field(af), field(F_SIZE)) else { return Ok(false) };
+        let stream = ints[F_STREAM] as u64;
+        let time_us = ints[F_TIME];
+        if let V::List(id) | V::Tuple(id) = frames
+            && (self.seq_memo[id as usize] != GENERIC_SEQ
+                || !self.seq_checked[id as usize] && !self.seqs[id as usize].iter().all(|v| matches!(v, V::Dict(_))))
+        {
+            return Ok(false);
+        }
+        // Success: the memo puts, in order.
+        let base = self.pos;
+        self.pos += i;
+        self.memo.count += 1; // the entry dict (not kept; a fresh index is empty)
+        for &(idx, start, n, w) in &fresh[..nfresh] {
+            let v = if w != 0 {
+                V::Word((w - 1) as u8)
+            } else {
+                let at = self.strs.len();
+                if at + n > u32::MAX as usize {
+                    return unstreamable("more than 4 GiB of strings");
+                }
+                self.strs.extend_from_slice(&self.buf[base + start..base + start + n]);
+                V::Str { start: at as u32, len: n as u32 }
+            };
+            self.memo.put(idx, v)?;
+        }
+        if let V::List(id) | V::Tuple(id) = frames {
+            self.seq_checked[id as usize] = true;
+        }
+        let e = TraceEntry { action: act, addr, size, stream, time_us, stack: 0, meta: 0 };
+        let id = match self.ready_free.pop() {
+            Some(id) => {
+                self.ready[id as usize] = e;
+                id
+            }
+            None => {
+                self.ready.push(e);
+                (self.ready.len() - 1) as u32
+            }
+        };
+        self.stack.push(V::Entry(id | READY));
+        Ok(true)
+    }
+
+    /// The segments, settings and annotations as [`crate::snapshot`] reads them.
+    fn header(&self) -> Result<(Vec<SnapshotSegment>, RecordedSettings), TraceError> {
+        let mut t = Translate { vm: self, seqs: Vec::new(), dicts: Vec::new(), seq_ids: HashMap::new(), dict_ids: HashMap::new() };
+        let mut vals = [None; 4];
+        for (k, v) in self.top.iter().enumerate() {
+            if k != 1 && *v != V::Absent {
+                vals[k] = Some(t.value(*v, 0)?);
+            }
+        }
+        let Translate { seqs, dicts, .. } = t;
+        let d = pickle::Decoded::from_parts(&self.strs, seqs, dicts, Value::None);
+        crate::snapshot::header_from_decoded(&d, vals[0], vals[2], vals[3]).map_err(|e| TraceError::Unstreamable(e.to_string()))
+    }
+}
+
+/// The stream's values as [`pickle::Value`]s (for the segments, settings and annotations).
+struct Translate<'v> {
+    vm: &'v Vm,
+    seqs: Vec<Vec<Value>>,
+    dicts: Vec<Vec<(Value, Value)>>,
+    seq_ids: HashMap<u32, u32>,
+    dict_ids: HashMap<u32, u32>,
+}
+
+impl Translate<'_> {
+    fn value(&mut self, v: V, depth: usize) -> Result<Value, TraceError> {
+        if depth > 1000 {
+            return unstreamable("values nested too deep");
+        }
+        Ok(match v {
+            V::None => Value::None,
+            V::Bool(b) => Value::Bool(b),
+            V::Int(i) => Value::Int(i),
+            V::Big { start, len } => Value::BigInt { start: start as u64, len },
+            V::Float(f) => Value::Float(f),
+            V::Str { start, len } => Value::Str { start: start as u64, len },
+            V::Word(w) => {
+                let (start, len) = self.vm.word_spans[w as usize];
+                Value::Str { start: start as u64, len }
+            }
+            V::Bytes { start, len } => Value::Bytes { start: start as u64, len },
+            V::List(id) | V::Tuple(id) | V::Set(id) | V::FrozenSet(id) => {
+                let new = match self.seq_ids.get(&id) {
+                    Some(&n) => n,
+                    None => {
+                        let n = self.seqs.len() as u32;
+                        self.seqs.push(Vec::new());
+                        self.seq_ids.insert(id, n);
+                        let mut items = Vec::with_capacity(self.vm.seqs[id as usize].len());
+                        for &x in &self.vm.seqs[id as usize] {
+                            items.push(self.value(x, depth + 1)?);
+                        }
+                        self.seqs[n as usize] = items;
+                        n
+                    }
+                };
+                match v {
+                    V::List(_) => Value::List(new),
+                    V::Tuple(_) => Value::Tuple(new),
+                    V::Set(_) => Value::Set(new),
+                    _ => Value::FrozenSet(new),
+                }
+            }
+            V::Dict(id) => {
+                let new = match self.dict_ids.get(&id) {
+                    Some(&n) => n,
+                    None => {
+                        let n = self.dicts.len() as u32;
+                        self.dicts.push(Vec::new());
+                        self.dict_ids.insert(id, n);
+                        let mut pairs = Vec::with_capacity(self.vm.dicts[id as usize].len());
+                        for &(k, x) in &self.vm.dicts[id as usize] {
+                            pairs.push((self.value(k, depth + 1)?, self.value(x, depth + 1)?));
+                        }
+                        self.dicts[n as usize] = pairs;
+                        n
+                    }
+                };
+                Value::Dict(new)
+            }
+            V::Absent | V::Top | V::DeviceTraces | V::DeviceList(_) | V::Entry(_) | V::Stack(_) => {
+                return unstreamable("the snapshot's structure inside its segments, settings or annotations");
+            }
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files
+
+/// A snapshot pickle file, plain or gzip'd, read by [`PickleFile::scan`] and
+/// [`PickleFile::events`] as often as needed.
+#[derive(Clone, Debug)]
+pub struct PickleFile {
+    path: PathBuf,
+    gzip: bool,
+    /// Bytes instead of a file (tests, benches).
+    bytes: Option<std::sync::Arc<[u8]>>,
+}
+
+impl PickleFile {
+    /// `Some` when `path` holds a pickle (after gunzipping, its first byte is the `PROTO`
+    /// opcode, which every pickle of protocol ≥ 2 starts with); `None` for anything else, and for
+    /// a file whose first bytes cannot be read (then [`crate::read_trace`] says why).
+    pub fn open(path: &Path) -> Result<Option<PickleFile>, TraceError> {
+        let io = |e| TraceError::Io { path: path.display().to_string(), source: e };
+        let mut f = std::fs::File::open(path).map_err(io)?;
+        let mut head = [0u8; 2];
+        let gzip = match f.read_exact(&mut head) {
+            Ok(()) => head == [0x1f, 0x8b],
+            Err(_) => return Ok(None),
+        };
+        let file = PickleFile { path: path.to_path_buf(), gzip, bytes: None };
+        let first = if gzip {
+            let mut z = flate2::read::MultiGzDecoder::new(std::fs::File::open(path).map_err(io)?);
+            let mut b = [0u8; 1];
+            match z.read_exact(&mut b) {
+                Ok(()) => b[0],
+                Err(_) => return Ok(None),
+            }
+        } else {
+            head[0]
+        };
+        Ok((first == 0x80).then_some(file))
+    }
+
+    /// A pickle held in memory (not gzip'd).
+    pub fn from_bytes(bytes: Vec<u8>) -> PickleFile {
+        PickleFile { path: PathBuf::from("(memory)"), gzip: false, bytes: Some(bytes.into()) }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's size on disk (compressed, for a gzip'd one).
+    pub fn len(&self) -> u64 {
+        match &self.bytes {
+            Some(b) => b.len() as u64,
+            None => std::fs::metadata(&self.path).map_or(0, |m| m.len()),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn input(&self) -> Result<Input, TraceError> {
+        if let Some(b) = &self.bytes {
+            return Ok(Input::Bytes { bytes: b.clone(), at: 0 });
+        }
+        let f = std::fs::File::open(&self.path).map_err(|e| TraceError::Io { path: self.path.display().to_string(), source: e })?;
+        Ok(if self.gzip { gunzip_thread(f) } else { Input::Plain(f) })
+    }
+
+    /// The first pass: the settings, the number of devices, the final segments and every
+    /// device's segment events. [`TraceError::Unstreamable`] when the file is not of the shape
+    /// the stream reads (or not valid): read it whole instead.
+    pub fn scan(&self) -> Result<PickleScan, TraceError> {
+        let mut vm = Vm::new(self.input()?, Mode::Scan);
+        vm.run()?;
+        let (segments, settings) = vm.header()?;
+        let devices = vm.devices as usize;
+        let mut segment_entries = std::mem::take(&mut vm.segment_entries);
+        segment_entries.resize_with(devices.max(segment_entries.len()), Vec::new);
+        Ok(PickleScan { settings, devices, segments, segment_entries, entries: vm.entry_count })
+    }
+
+    /// The events, in file order, as `(device, entry)` (every `stack` and `meta` 0). After the
+    /// first error the iterator ends; [`TraceError::Unstreamable`] means: read the file whole.
+    pub fn events(&self) -> Result<Events, TraceError> {
+        Ok(Events { vm: Some(Vm::new(self.input()?, Mode::Events)), at: 0 })
+    }
+}
+
+/// The entries of a snapshot pickle as a stream: see [`PickleFile::events`].
+pub struct Events {
+    vm: Option<Vm>,
+    at: usize,
+}
+
+impl Events {
+    /// The number of device lists read so far (all of them, at the end).
+    pub fn devices(&self) -> usize {
+        self.vm.as_ref().map_or(0, |v| v.devices as usize)
+    }
+}
+
+impl Iterator for Events {
+    type Item = Result<(usize, TraceEntry), TraceError>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        let vm = self.vm.as_mut()?;
+        if self.at < vm.out.len() {
+            self.at += 1;
+            return Some(Ok(vm.out[self.at - 1]));
+        }
+        vm.out.clear();
+        self.at = 0;
+        if vm.done {
+            return None;
+        }
+        match vm.run() {
+            Ok(()) => {
+                if vm.out.is_empty() {
+                    return None;
+                }
+                self.at = 1;
+                Some(Ok(vm.out[0]))
+            }
+            Err(e) => {
+                self.vm = None;
+                Some(Err(e))
+            }
+        }
+    }
+}

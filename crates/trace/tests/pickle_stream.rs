@@ -1,0 +1,176 @@
+//! Snapshot pickles read as a stream (`pickle_stream`): the same entries, segments and settings
+//! as the whole-file decoder (`snapshot::from_pickle`), on every real trace and fixture, plain and
+//! gzip'd; and where the stream cannot read a file, it says so (the caller then reads it whole).
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use allocsim_trace::pickle_stream::{PickleFile, PickleScan};
+use allocsim_trace::{Action, Snapshot, TraceEntry, TraceError, snapshot};
+use common::{fixture, reference};
+
+/// Entries without their stacks and metadata (a stream does not keep them).
+fn bare(s: &Snapshot) -> Vec<Vec<TraceEntry>> {
+    s.device_traces.iter().map(|t| t.iter().map(|e| TraceEntry { stack: 0, meta: 0, ..*e }).collect()).collect()
+}
+
+fn is_segment(a: Action) -> bool {
+    matches!(a, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
+}
+
+/// What the stream reads of `file` equals what `from_pickle` gives for `raw` (its bytes).
+fn check(file: &PickleFile, whole: &Snapshot, what: &str) {
+    let scan = file.scan().unwrap_or_else(|e| panic!("{what}: scan: {e}"));
+    let PickleScan { settings, devices, segments, segment_entries, entries } = scan;
+    assert_eq!(settings, whole.settings, "{what}: settings");
+    assert_eq!(devices, whole.device_traces.len(), "{what}: devices");
+    let mut want_segments = whole.segments.clone();
+    for b in want_segments.iter_mut().flat_map(|s| s.blocks.iter_mut()) {
+        b.stack = 0;
+    }
+    assert_eq!(segments, want_segments, "{what}: segments");
+    let bare = bare(whole);
+    assert_eq!(entries, bare.iter().map(|t| t.len() as u64).sum::<u64>(), "{what}: entries");
+    for (d, t) in bare.iter().enumerate() {
+        let want: Vec<TraceEntry> = t.iter().filter(|e| is_segment(e.action)).copied().collect();
+        assert_eq!(segment_entries[d], want, "{what}: device {d}'s segment entries");
+    }
+    let mut traces: Vec<Vec<TraceEntry>> = vec![Vec::new(); whole.device_traces.len()];
+    let mut events = file.events().unwrap();
+    for item in &mut events {
+        let (d, e) = item.unwrap_or_else(|e| panic!("{what}: events: {e}"));
+        traces[d].push(e);
+    }
+    assert_eq!(events.devices(), whole.device_traces.len());
+    assert_eq!(traces, bare, "{what}: events");
+}
+
+fn gunzip(b: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::MultiGzDecoder::new(b).read_to_end(&mut out).unwrap();
+    out
+}
+
+struct Temp(PathBuf);
+impl Drop for Temp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+fn temp(name: &str, bytes: &[u8]) -> Temp {
+    let p = std::env::temp_dir().join(format!("allocsim-pstream-{}-{name}", std::process::id()));
+    std::fs::File::create(&p).unwrap().write_all(bytes).unwrap();
+    Temp(p)
+}
+
+/// Every `*.pickle.gz` under `dir` (recursively one level: `traces/field`).
+fn pickles(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(d) = std::fs::read_dir(dir) else { panic!("{} cannot be read", dir.display()) };
+    let mut v: Vec<PathBuf> = d.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    v.sort();
+    for p in v {
+        if p.is_dir() {
+            pickles(&p, out);
+        } else if p.to_str().unwrap().ends_with(".pickle.gz") || p.to_str().unwrap().ends_with(".pickle") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn every_trace_streams_as_the_whole_file_decodes() {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = Vec::new();
+    pickles(&repo.join("traces"), &mut files);
+    pickles(&repo.join("tests/fixtures"), &mut files);
+    let local = files.len();
+    if let Some(shared) = reference::shared(&repo, "traces") {
+        pickles(&shared, &mut files);
+        reference::expect_count("shared traces", files.len() - local, reference::SHARED_TRACE_RUNS);
+    }
+    assert!(local >= 20, "only {local} traces in traces/ and tests/fixtures");
+    for path in &files {
+        let bytes = std::fs::read(path).unwrap();
+        let raw = if bytes.starts_with(&[0x1f, 0x8b]) { gunzip(&bytes) } else { bytes };
+        let what = path.display().to_string();
+        let whole = match snapshot::from_pickle(&raw) {
+            Ok(s) => s,
+            Err(_) => {
+                // Invalid (tests/fixtures/robust): the stream steps aside.
+                let file = PickleFile::open(path).unwrap().unwrap();
+                assert!(matches!(file.scan(), Err(TraceError::Unstreamable(_))), "{what}: scan of an invalid snapshot");
+                continue;
+            }
+        };
+        // The gzip'd file (decompressed in a thread), and the same bytes plain.
+        let file = PickleFile::open(path).unwrap().unwrap_or_else(|| panic!("{what}: not taken for a pickle"));
+        check(&file, &whole, &what);
+        check(&PickleFile::from_bytes(raw.clone()), &whole, &format!("{what} (plain)"));
+        // Written back by allocsim's pickler (stacks shared as lists, protocol 4).
+        let again = snapshot::to_pickle(&whole);
+        check(&PickleFile::from_bytes(again), &whole, &format!("{what} (rewritten)"));
+    }
+}
+
+#[test]
+fn fixtures_at_every_protocol() {
+    for f in ["snap/small_p2.pickle", "snap/small_p4.pickle", "snap/small_p5.pickle"] {
+        let raw = fixture(f);
+        let whole = snapshot::from_pickle(&raw).unwrap();
+        check(&PickleFile::from_bytes(raw), &whole, f);
+    }
+}
+
+#[test]
+fn a_plain_file_on_disk_streams() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces/frag__default__2048M.pickle.gz");
+    let raw = gunzip(&std::fs::read(&path).unwrap());
+    let whole = snapshot::from_pickle(&raw).unwrap();
+    let t = temp("plain.pickle", &raw);
+    let file = PickleFile::open(&t.0).unwrap().expect("a plain pickle is taken");
+    check(&file, &whole, "plain file");
+}
+
+/// What the stream does not read it says it does not (and the whole-file decoder decides).
+#[test]
+fn refuses_what_it_does_not_read() {
+    // Not snapshots, or not valid: each is `Unstreamable`, never a different answer.
+    for f in ["snap/no_traces.pickle", "snap/pre21.pickle", "snap/toplevel_list.pickle", "snap/unknown_action.pickle"] {
+        let raw = fixture(f);
+        assert!(snapshot::from_pickle(&raw).is_err(), "{f} is an invalid snapshot");
+        let file = PickleFile::from_bytes(raw);
+        assert!(matches!(file.scan(), Err(TraceError::Unstreamable(_))), "{f}: scan");
+        let r: Result<Vec<_>, _> = file.events().unwrap().collect();
+        assert!(matches!(r, Err(TraceError::Unstreamable(_))), "{f}: events");
+    }
+    // Every truncation of a real trace: refused, as the whole decoder refuses it.
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces/emptycache__default__0M.pickle.gz");
+    let raw = gunzip(&std::fs::read(&path).unwrap());
+    for cut in (0..raw.len()).step_by(97) {
+        let file = PickleFile::from_bytes(raw[..cut].to_vec());
+        assert!(matches!(file.scan(), Err(TraceError::Unstreamable(_))), "cut at {cut}");
+        let r: Result<Vec<_>, _> = file.events().unwrap().collect();
+        assert!(r.is_err(), "cut at {cut}");
+    }
+    // A JSON Lines file and a file that is not a trace are not taken for pickles.
+    let t = temp("x.jsonl", b"{\"allocsim_trace\": 1}\n");
+    assert!(PickleFile::open(&t.0).unwrap().is_none());
+}
+
+/// A memo reference to an entry dict (which the stream does not keep) makes it step aside.
+#[test]
+fn a_reference_to_an_entry_is_refused() {
+    // {'device_traces': [[e]], 'segments': [e2]} where the segment list refers to the entry.
+    let e = b"}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x04addr\x94K\x00\x8c\x04size\x94K\x00u";
+    let mut p = Vec::new();
+    p.extend_from_slice(b"\x80\x04}\x94(\x8c\x0ddevice_traces\x94]\x94]\x94");
+    p.extend_from_slice(&e[..]);
+    // memo: 0 top, 1 key, 2 traces, 3 device list, 4 entry dict, 5 'action', 6 'alloc', 7 'addr', 8 'size'
+    p.extend_from_slice(b"aa\x8c\x08segments\x94]\x94h\x04au.");
+    assert!(snapshot::from_pickle(&p).is_err(), "a segment that is an entry dict is not a segment");
+    let file = PickleFile::from_bytes(p);
+    assert!(matches!(file.scan(), Err(TraceError::Unstreamable(_))));
+}
