@@ -173,6 +173,10 @@ where
             return Ok(Pass::Fallback(why));
         }
     }
+    if streams.iter().all(Option::is_none) {
+        // Without entries only the final state can be analysed, which the whole read does.
+        return Ok(Pass::Fallback("the trace has no entries".into()));
+    }
     let count = ctx.input.devices.unwrap_or(highest.map_or(0, |h| h + 1));
     let run: Vec<usize> = match ctx.spec.device {
         Some(d) => vec![d],
