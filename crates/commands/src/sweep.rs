@@ -282,13 +282,11 @@ fn write_sweep_text(
         writeln!(out, "note: garbage_collection_threshold has no effect without a memory fraction (give --capacity)")?;
     }
     // Rankings that placement can flip: adjacent configs whose outcome ranges overlap.
-    let shown: Vec<&Row> = rows.iter().filter(|r| r.rejected.is_none()).take(a.top).collect();
     let flips = allocsim_whatif::sweep::placement_sensitive_pairs(rows);
     let flips: Vec<String> = flips.iter().filter(|&&i| i + 1 < a.top).map(|i| format!("#{} and #{}", i + 1, i + 2)).collect();
     if !flips.is_empty() {
         writeln!(out, "placement: these neighbours could swap places depending on where the driver puts segments (their ranges overlap): {}", flips.join(", "))?;
     }
-    let _ = shown;
     let own = rows.iter().position(|r| r.rejected.is_none() && AllocatorConfig::parse(&r.conf).is_ok_and(|c| p.is_own_under(&c, &limits)));
     let name = |r: &Row| if r.conf.is_empty() { "the defaults".to_string() } else { r.conf.clone() };
     let own_name = |r: &Row| format!("{} (the trace's own settings)", name(r));

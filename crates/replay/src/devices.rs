@@ -139,7 +139,7 @@ pub fn device_for(snap: &Snapshot, given: Option<usize>) -> Result<DeviceChoice,
         None => Ok(choose_device(snap)),
         Some(d) => {
             let n = snap.device_traces.len().max(snap.segments.iter().map(|s| s.device.max(0) as usize + 1).max().unwrap_or(0));
-            if d >= n.max(1) {
+            if d >= n {
                 return Err(RunError::NoDevice(d, n));
             }
             Ok(DeviceChoice { device: d, reason: DeviceReason::Given, candidates: vec![device_facts(snap, d)] })

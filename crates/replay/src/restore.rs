@@ -109,7 +109,7 @@ impl InitialState {
     pub fn why(entries: usize) -> String {
         if entries == 0 {
             "no trace entries: only the final state is known".to_string()
-        } else if entries >= 1000 && entries % 1000 == 0 {
+        } else if entries >= 1000 && entries.is_multiple_of(1000) {
             format!("the trace holds exactly {entries} entries, as a full ring buffer of max_entries does: older entries were dropped")
         } else {
             "memory history was turned on after the job had allocated memory".to_string()
