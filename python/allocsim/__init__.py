@@ -95,7 +95,7 @@ def _grid(grid: Union[str, Dict[str, Iterable[Any]], None]) -> Optional[str]:
         return grid
     parts = []
     for k, vs in grid.items():
-        vals = ["none" if v is None else (str(v) if not isinstance(v, bool) else str(v)) for v in vs]
+        vals = ["none" if v is None else str(v) for v in vs]
         parts.append(f"{k}={','.join(vals)}")
     return "; ".join(parts)
 

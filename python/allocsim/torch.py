@@ -109,9 +109,9 @@ class OomHook:
             return
         self._busy.on = True
         try:
+            self.error = None
             self.written = self._handle(int(device), int(alloc), int(device_allocated), int(device_free))
             self.count += 1
-            self.error = None
             if not self.quiet:
                 _say(f"allocsim: CUDA out of memory on device {device} (tried to allocate {_sizes(int(alloc))}); wrote {', '.join(self.written)}")
         except BaseException as e:  # never raise inside the allocator's observer
@@ -131,6 +131,15 @@ class OomHook:
         written = [path]
         if not self.explain:
             return written
+        try:
+            written += self._explain(snap, path, device, alloc, limit, device_free)
+        except Exception as e:  # the snapshot is written; say why the explanation is not
+            self.error = f"the explanation failed: {type(e).__name__}: {e}"
+            _say(f"allocsim: {self.error}")
+        return written
+
+    def _explain(self, snap: Dict[str, Any], path: str, device: int, alloc: int, limit: int, device_free: int) -> List[str]:
+        torch = _torch()
         observed = {"device": device, "alloc_size": alloc, "limit_or_total": limit, "device_free": device_free}
         total = None
         try:
@@ -154,8 +163,7 @@ class OomHook:
         d["observer"] = observed
         with open(base + ".json", "w", encoding="utf-8") as f:
             json.dump(d, f)
-        written += [base + ".txt", base + ".json"]
-        return written
+        return [base + ".txt", base + ".json"]
 
 
 def install_oom_hook(

@@ -176,3 +176,19 @@ def test_explain_now_needs_the_history(fake):
     f.snapshot = {"segments": [], "device_traces": [[]]}
     with pytest.raises(RuntimeError, match="no allocation history on device 0"):
         at.explain_now()
+
+
+def test_oom_hook_keeps_the_snapshot_when_the_explanation_fails(fake, tmp_path, monkeypatch, capsys):
+    f, at = fake
+
+    def broken(self, *a, **k):
+        raise allocsim.TraceError("snapshot: device 0, trace entry 7 (alloc): size out of range")
+
+    monkeypatch.setattr(allocsim.Snapshot, "explain", broken)
+    hook = at.install_oom_hook(tmp_path)
+    f.oom()
+    assert hook.count == 1
+    assert len(hook.written) == 1 and os.path.exists(hook.written[0])
+    assert hook.error == "the explanation failed: TraceError: snapshot: device 0, trace entry 7 (alloc): size out of range"
+    err = capsys.readouterr().err
+    assert "allocsim: the explanation failed: TraceError" in err and f"wrote {hook.written[0]}" in err
