@@ -102,7 +102,7 @@ impl SweepAnswer {
 
 impl Answer for SweepAnswer {
     fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
-        write_sweep_text(out, self, &self.prepared, &self.points, &self.rows, self.secs, self.ends.map(|e| (e, self.depends.as_slice())), &|q| self.iteration_of(q))
+        write_sweep_text(out, self)
     }
     fn to_json(&self) -> Value {
         let (a, rows, p) = (&self.options, &self.rows, &self.prepared);
@@ -185,20 +185,13 @@ fn write_sweep_csv(out: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
     Ok(())
 }
 
-/// `sweep` as text: the table of the `a.top` best configs, the rejected ones, the recommendation.
-/// `interval`: the ends of an inferred allowed maximum and the configs whose outcome differs
-/// between them; `iteration_of`: the iteration holding a request (when the trace has iterations).
-fn write_sweep_text(
-    out: &mut dyn Write,
-    s: &SweepAnswer,
-    p: &Prepared,
-    points: &[GridPoint],
-    rows: &[Row],
-    secs: f64,
-    interval: Option<((u64, u64), &[String])>,
-    iteration_of: &dyn Fn(Option<u32>) -> Option<usize>,
-) -> io::Result<()> {
+/// `sweep` as text: the table of the `top` best configs, whether outcomes depend on where in an
+/// inferred allowed maximum the real one lies, the rejected configs, the recommendation.
+fn write_sweep_text(out: &mut dyn Write, s: &SweepAnswer) -> io::Result<()> {
     let a = &s.options;
+    let (p, points, rows, secs) = (&s.prepared, &s.points[..], &s.rows[..], s.secs);
+    let interval = s.ends.map(|e| (e, s.depends.as_slice()));
+    let iteration_of = |q: Option<u32>| s.iteration_of(q);
     let limits = p.limits(a.capacity);
     let valid = rows.iter().filter(|r| r.rejected.is_none()).count();
     let shared = rows.iter().flat_map(|r| &r.outcomes).filter(|o| o.same_as.is_some()).count();
@@ -260,7 +253,7 @@ fn write_sweep_text(
         }
     }
     match interval {
-        Some(((lo, hi), depends)) if depends.is_empty() => writeln!(
+        Some(((lo, hi), [])) => writeln!(
             out,
             "every outcome above is the same at both ends of the inferred allowed maximum ({}–{})",
             format_size(lo),
