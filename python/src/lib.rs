@@ -159,9 +159,10 @@ impl Snapshot {
         py.detach(|| allocsim_commands::replay::replay(self.trace(), other.as_deref(), &o).map(|a| render(&a))).map_err(py_err)
     }
 
-    #[pyo3(signature = (capacity = None, device_memory = None))]
-    fn validate(&self, py: Python<'_>, capacity: Option<u64>, device_memory: Option<u64>) -> PyResult<Rendered> {
-        py.detach(|| allocsim_commands::replay::validate(self.trace(), capacity, device_memory).map(|a| render(&a))).map_err(py_err)
+    #[pyo3(signature = (capacity = None, device_memory = None, device = None))]
+    fn validate(&self, py: Python<'_>, capacity: Option<u64>, device_memory: Option<u64>, device: Option<usize>) -> PyResult<Rendered> {
+        let o = allocsim_commands::replay::ValidateOptions { capacity, device_memory, device, ..Default::default() };
+        py.detach(|| allocsim_commands::replay::validate(self.trace(), &o).map(|a| render(&a))).map_err(py_err)
     }
 
     #[pyo3(signature = (at = None, config = None, capacity = None, top = 5, device = None, device_memory = None, trace_capacity = None, addresses_from = None))]
