@@ -1,20 +1,21 @@
-//! Command-line interface: argument parsing, dispatch, and the `replay`, `validate` and
-//! `convert` commands.
+//! Command-line interface: argument parsing, reading the trace files, dispatch, and the
+//! `replay` (its streamed replay of JSON Lines files), `validate` and `convert` commands. The
+//! answers themselves (text and JSON) come from `allocsim_commands`.
 
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use allocsim_model::format::{format_size, oom_message};
-use allocsim_replay::program::Request;
-use allocsim_replay::replay::Oom;
+use allocsim_commands::replay::{ReplayAnswer, ReplayOptions};
+use allocsim_commands::{Answer, Trace};
+use allocsim_replay::ReplaySummary;
 use allocsim_replay::stream::{StreamError, StreamInput, Streamed, replay_stream};
-use allocsim_replay::{ReplaySpec, ReplaySummary};
 use allocsim_trace::Snapshot;
 use allocsim_trace::jsonl_stream::JsonlFile;
 use allocsim_trace::pickle_stream::PickleFile;
 use clap::{Parser, Subcommand};
-use serde_json::{Value, json};
+
+pub use allocsim_commands::write_json;
 
 use crate::output::{Io, PipeWriter};
 use crate::size::parse_size;
@@ -138,7 +139,25 @@ impl<E: std::fmt::Display> From<E> for UserError {
 /// runs the command on stdout and stderr. A reader that closes either early ends the command
 /// quietly (see [`crate::output`]).
 pub fn main() -> i32 {
-    let cli = Cli::parse();
+    main_from(std::env::args_os())
+}
+
+/// [`main`] with the given command line (`argv[0]` is the program name): what the Python
+/// package's `allocsim` command and `python -m allocsim` run.
+pub fn main_from<I, T>(argv: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(argv) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // As `Cli::parse` does, without exiting: help and version on stdout (status 0),
+            // argument errors on stderr (status 2).
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     let mut out = PipeWriter::new(std::io::BufWriter::with_capacity(1 << 16, stdout.lock()));
@@ -204,22 +223,17 @@ pub(crate) fn load(path: &Path) -> Result<Snapshot, UserError> {
 
 /// A trace that cannot be read, as the user sees it.
 fn trace_error(path: &Path, e: allocsim_trace::TraceError) -> UserError {
-    match e {
-        // Already names the path.
-        allocsim_trace::TraceError::Io { .. } => UserError(e.to_string()),
-        _ => UserError(format!("{}: {e}", path.display())),
-    }
+    UserError(allocsim_commands::error::trace_error(&path.display().to_string(), e).to_string())
 }
 
 impl ReplayArgs {
-    /// The replay question these arguments ask (`other`: the loaded `--addresses-from` run).
-    fn spec<'a>(&self, other: Option<&'a Snapshot>) -> ReplaySpec<'a> {
-        ReplaySpec {
+    /// The replay question these arguments ask.
+    fn options(&self) -> ReplayOptions {
+        ReplayOptions {
             config: self.config.clone(),
             capacity: self.capacity,
             device_memory: self.device_memory,
             trace_capacity: self.trace_capacity,
-            addresses_from: other,
             placements: self.placements,
             device: self.device,
             torch_version: self.torch_version,
@@ -244,11 +258,8 @@ fn run_replays(args: &ReplayArgs, err: &mut dyn Write) -> Result<Vec<ReplaySumma
     }
     let snap = load(&args.trace)?;
     let other = args.addresses_from.as_deref().map(load).transpose()?;
-    let spec = args.spec(other.as_ref());
-    if args.device.is_some() {
-        return Ok(vec![allocsim_replay::run(&snap, &spec)?.into_summary()]);
-    }
-    Ok(allocsim_replay::devices::run_devices(&snap, &spec)?.into_iter().map(|r| r.into_summary()).collect())
+    let name = args.trace.display().to_string();
+    Ok(allocsim_commands::replay::replay(Trace { name: &name, snapshot: &snap }, other.as_ref(), &args.options())?.all)
 }
 
 /// Above this size a JSON Lines trace replayed in memory after all takes GiBs: say so.
@@ -265,7 +276,7 @@ fn run_streamed(file: &JsonlFile, args: &ReplayArgs, err: &mut dyn Write) -> Res
         segments: &scan.segments,
         segment_entries: &scan.segment_entries,
     };
-    match replay_stream(&input, &args.spec(None), || file.events()) {
+    match replay_stream(&input, &args.options().spec(None), || file.events()) {
         Ok(Streamed::Done(v)) => Ok(Some(v)),
         Ok(Streamed::Fallback(why)) => {
             if file.len() > NOTE_FALLBACK_ABOVE {
@@ -274,7 +285,7 @@ fn run_streamed(file: &JsonlFile, args: &ReplayArgs, err: &mut dyn Write) -> Res
             Ok(None)
         }
         Err(StreamError::Read(e)) => Err(trace_error(path, e)),
-        Err(StreamError::Run(e)) => Err(e.into()),
+        Err(StreamError::Run(e)) => Err(allocsim_commands::Error::from(e).into()),
     }
 }
 
@@ -303,7 +314,7 @@ fn run_streamed_pickle(file: &PickleFile, args: &ReplayArgs, err: &mut dyn Write
         segments: &scan.segments,
         segment_entries: &scan.segment_entries,
     };
-    match replay_stream(&input, &args.spec(None), || file.events()) {
+    match replay_stream(&input, &args.options().spec(None), || file.events()) {
         Ok(Streamed::Done(v)) => Ok(Some(v)),
         Ok(Streamed::Fallback(why)) => {
             note(err, &why)?;
@@ -314,328 +325,31 @@ fn run_streamed_pickle(file: &PickleFile, args: &ReplayArgs, err: &mut dyn Write
             note(err, &e.to_string())?;
             Ok(None)
         }
-        Err(StreamError::Run(e)) => Err(e.into()),
+        Err(StreamError::Run(e)) => Err(allocsim_commands::Error::from(e).into()),
     }
-}
-
-/// The budget in words, for text output (nothing when there is nothing to say).
-pub(crate) fn budget_lines(b: &allocsim_replay::Budget) -> Vec<String> {
-    if b.kind.is_none() && b.device_memory.source != allocsim_replay::budget::DeviceMemorySource::Inferred {
-        return Vec::new();
-    }
-    b.describe()
-}
-
-/// The state a truncated trace starts from (`null`: an empty allocator).
-fn initial_state_json(r: &ReplaySummary) -> Value {
-    match &r.initial {
-        None => Value::Null,
-        Some(s) => json!({
-            "segments": s.segments.len(),
-            "reserved_bytes": s.reserved_bytes(),
-            "blocks": s.blocks.len(),
-            "allocated_blocks": s.allocated_blocks(),
-            "allocated_bytes": s.allocated_bytes(),
-            "pending_free_blocks": s.pending_blocks(),
-            "inferred_block_sizes": s.inferred_sizes,
-            "restore_failures": r.outcome.restore_failures,
-        }),
-    }
-}
-
-/// One summary per device, in device order.
-fn devices_json(all: &[ReplaySummary]) -> Value {
-    let rank = allocsim_replay::devices::worst_first(all);
-    Value::from(
-        all.iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let s = &r.outcome.stats;
-                json!({
-                    "device": r.device,
-                    "rank": rank.iter().position(|&k| k == i),
-                    "requests": r.requests,
-                    "ooms": r.outcome.ooms.len(),
-                    "first_oom": r.outcome.first_oom(),
-                    "peak_reserved": r.outcome.peak_reserved,
-                    "peak_allocated": s.allocated_bytes.all().peak,
-                    "reserved_at_end": s.reserved_bytes.all().current,
-                    "num_device_alloc": s.num_device_alloc,
-                    "num_device_free": s.num_device_free,
-                    "initial_state": initial_state_json(r),
-                })
-            })
-            .collect::<Vec<_>>(),
-    )
-}
-
-/// The OOM message as PyTorch would print it, with `device_free` from the trace where it recorded
-/// one (see `allocsim_replay::oom`); NVML's per-process sentence cannot be known and is left out.
-fn message(r: &ReplaySummary, o: &Oom, device_free: u64) -> String {
-    let mut info = o.info.clone();
-    info.device_free = device_free;
-    oom_message(&info, r.device as i32, "")
-}
-
-fn oom_json(r: &ReplaySummary, o: &Oom, &(ref req, device_free): &(Request, u64)) -> Value {
-    json!({
-        "request": o.request,
-        "size": o.info.rounded_size,
-        "orig_size": o.info.orig_size,
-        "alloc_size": o.info.alloc_size,
-        "stream": o.info.stream,
-        "pool": if o.info.is_small { "small" } else { "large" },
-        "recorded_oom": req.recorded_oom,
-        "trace_index": req.trace_index,
-        "allocated_bytes": o.info.allocated_bytes,
-        "reserved_bytes": o.info.reserved_bytes,
-        "message": message(r, o, device_free),
-    })
-}
-
-/// Fragmentation figures of a replay (definitions in `allocsim_report::frag`).
-fn fragmentation_json(o: &allocsim_replay::ReplayOutcome) -> Value {
-    let s = &o.stats;
-    let end = allocsim_report::frag::breakdown(&o.allocator);
-    json!({
-        "utilization": s.active_bytes.all().peak as f64 / (s.reserved_bytes.all().peak.max(1) as f64),
-        "peak_reserved_minus_peak_allocated": s.reserved_bytes.all().peak - s.allocated_bytes.all().peak,
-        "at_end": end,
-    })
 }
 
 fn cmd_replay(args: &ReplayArgs, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
     let all = run_replays(args, io.err)?;
-    if as_json {
-        write_json(io.out, &replay_json(args, &all[0], &all))?;
-        return Ok(0);
-    }
-    write_replay_text(io.out, args, &all)?;
-    Ok(0)
-}
-
-/// Writes one JSON value and a newline.
-pub fn write_json<T: serde::Serialize + ?Sized>(out: &mut dyn Write, v: &T) -> std::io::Result<()> {
-    serde_json::to_writer(&mut *out, v)?;
-    writeln!(out)
-}
-
-/// `replay --json`: the device `r` at the top level, every device in `devices`.
-fn replay_json(args: &ReplayArgs, r: &ReplaySummary, all: &[ReplaySummary]) -> Value {
-    let o = &r.outcome;
-    let placements: Vec<Value> = r
-        .placements
-        .iter()
-        .map(|(name, p)| json!({"name": name, "first_oom": p.first_oom(), "peak_reserved": p.peak_reserved, "ooms": p.ooms.len()}))
-        .collect();
-    json!({
-        "trace": args.trace.display().to_string(),
-        "device": r.device,
-        "config": r.options.config.source,
-        "capacity": r.options.capacity,
-        "requests": r.requests,
-        "stats": o.stats.to_memory_stats(),
-        "segment_events": o.segment_events,
-        "ooms": o.ooms.iter().zip(&r.oom_requests).map(|(x, q)| oom_json(r, x, q)).collect::<Vec<_>>(),
-        "first_oom": o.first_oom(),
-        "empty_cache_calls": o.empty_cache_requests,
-        "unknown_frees": r.unknown_frees,
-        "initial_state": initial_state_json(r),
-        "reconstruct_error": r.reconstruct_error,
-        "torch_version": args.torch_version.to_string(),
-        "devices": devices_json(all),
-        "placements": if args.placements.is_some() { Value::from(placements) } else { Value::Null },
-        "placement_independent": r.options.config.expandable_segments,
-        "fragmentation": fragmentation_json(o),
-        "budget": r.budget.as_ref().map(|b| b.to_json()),
-        "budget_ends": r.budget_ends,
-    })
-}
-
-/// `replay` as text: every device, worst first.
-fn write_replay_text(out: &mut dyn Write, args: &ReplayArgs, all: &[ReplaySummary]) -> std::io::Result<()> {
-    if all.len() > 1 {
-        writeln!(out, "{}: {} devices, each replayed on its own allocator; worst first (most OOMs, then highest peak reserved)", args.trace.display(), all.len())?;
-    }
-    for &i in &allocsim_replay::devices::worst_first(all) {
-        write_device_text(out, args, &all[i])?;
-    }
-    Ok(())
-}
-
-fn write_device_text(out: &mut dyn Write, args: &ReplayArgs, r: &ReplaySummary) -> std::io::Result<()> {
-    let o = &r.outcome;
-    let placement_independent = r.options.config.expandable_segments;
-    let s = &o.stats;
-    let conf = if r.options.config.source.is_empty() { "defaults".to_string() } else { r.options.config.source.clone() };
-    writeln!(out, "{} (device {}): {} requests replayed under {conf}", args.trace.display(), r.device, r.requests)?;
-    match &r.budget {
-        Some(b) if args.capacity.is_none() && (b.kind.is_some() || b.device_memory.source == allocsim_replay::budget::DeviceMemorySource::Inferred) => {
-            for line in budget_lines(b) {
-                writeln!(out, "  budget            {line}")?;
-            }
-        }
-        _ => {
-            if let Some(c) = r.options.capacity {
-                writeln!(out, "  allowed maximum   {} ({c} bytes)", format_size(c))?;
-            }
-        }
-    }
-    if let [lo, hi] = r.budget_ends.as_slice() {
-        let at = |e: &allocsim_replay::run::BudgetEnd| match e.first_oom {
-            Some(q) => format!("{} OOMs from request {q}", e.ooms),
-            None => format!("no OOM, peak reserved {}", format_size(e.peak_reserved)),
-        };
-        let same = (lo.first_oom, lo.ooms) == (hi.first_oom, hi.ooms) && (lo.first_oom, lo.ooms) == (o.first_oom(), o.ooms.len());
-        writeln!(
-            out,
-            "  uncertainty       at the ends of the inferred allowed maximum: {} allowed → {}; {} allowed → {}{}",
-            format_size(lo.capacity),
-            at(lo),
-            format_size(hi.capacity),
-            at(hi),
-            if same { " (the same OOMs as replayed)" } else { ": the answer depends on where in that interval the real maximum lies" }
-        )?;
-    }
-    let peak_res = s.reserved_bytes.all().peak as u64;
-    let peak_alloc = s.allocated_bytes.all().peak as u64;
-    writeln!(
-        out,
-        "  peak reserved     {}   (peak allocated {}; {} reserved beyond it)",
-        format_size(peak_res),
-        format_size(peak_alloc),
-        format_size(peak_res.saturating_sub(peak_alloc))
-    )?;
-    writeln!(
-        out,
-        "  at the end        {} reserved in {} segments, {} allocated",
-        format_size(s.reserved_bytes.all().current as u64),
-        s.segment.all().current,
-        format_size(s.allocated_bytes.all().current as u64)
-    )?;
-    writeln!(
-        out,
-        "  device calls      {} cudaMalloc/map, {} cudaFree/unmap; {} alloc retries, {} full synchronizations",
-        s.num_device_alloc, s.num_device_free, s.num_alloc_retries, s.num_sync_all_streams
-    )?;
-    let end = allocsim_report::frag::breakdown(&o.allocator);
-    writeln!(
-        out,
-        "  fragmentation     utilization {:.1}% (peak active ÷ peak reserved); at the end {} free, largest block {} ({:.0}% of the free), {} rounding inside live blocks",
-        100.0 * s.active_bytes.all().peak as f64 / (peak_res.max(1) as f64),
-        format_size(end.free),
-        format_size(end.largest_free_block),
-        if end.free > 0 { 100.0 * end.largest_free_block as f64 / end.free as f64 } else { 100.0 },
-        format_size(end.rounding_waste)
-    )?;
-    let ec = &o.empty_cache_requests;
-    if !ec.is_empty() {
-        writeln!(out, "  empty_cache()     {} calls, inferred from the trace's releases", ec.len())?;
-    }
-    if let Some(init) = &r.initial {
-        writeln!(
-            out,
-            "  mid-history       the trace's first entry is not the job's (the ring buffer of max_entries): the replay starts from the state reconstructed from the final segments, {} pre-existing blocks ({} allocated in {} blocks, {} pending free) in {} segments ({} reserved); counters count from the trace's start, peaks are the trace's",
-            init.blocks.len(),
-            format_size(init.allocated_bytes()),
-            init.allocated_blocks(),
-            init.pending_blocks(),
-            init.segments.len(),
-            format_size(init.reserved_bytes())
-        )?;
-    }
-    if let Some(e) = &r.reconstruct_error {
-        writeln!(out, "  note              the state at the trace's start could not be reconstructed ({e}); the replay starts from an empty allocator")?;
-    }
-    if r.unknown_frees > 0 {
-        writeln!(
-            out,
-            "  note              {} frees of blocks allocated before the trace began were ignored",
-            r.unknown_frees
-        )?;
-    }
-    match o.ooms.first().zip(r.oom_requests.first()) {
-        None => writeln!(out, "  OOMs              none")?,
-        Some((first, &(ref req, device_free))) => {
-            writeln!(
-                out,
-                "  OOMs              {} ; the first at request {} ({} on stream {}{}):",
-                o.ooms.len(),
-                first.request,
-                format_size(req.size),
-                req.stream,
-                if req.recorded_oom { ", an OOM in the trace too" } else { "" }
-            )?;
-            writeln!(out, "    {}", message(r, first, device_free))?;
-            let rest: Vec<String> = o.ooms.iter().skip(1).take(8).map(|x| x.request.to_string()).collect();
-            if !rest.is_empty() {
-                writeln!(out, "    later OOMs at requests {}{}", rest.join(", "), if o.ooms.len() > 9 { ", ..." } else { "" })?;
-            }
-        }
-    }
-    if !r.placements.is_empty() {
-        let n = r.placements.len();
-        let fits: Vec<u64> = r.placements.iter().filter(|(_, p)| p.first_oom().is_none()).map(|(_, p)| p.peak_reserved).collect();
-        let n_oom = n - fits.len();
-        let mut line = match (fits.iter().min(), fits.iter().max()) {
-            (Some(lo), Some(hi)) if lo == hi => format!("peak reserved {} in every placement without OOM", format_size(*lo)),
-            (Some(lo), Some(hi)) => format!("peak reserved {}–{} depending on where the driver places segments ({} sampled placements; a sample, not a bound)", format_size(*lo), format_size(*hi), n),
-            _ => String::new(),
-        };
-        if n_oom > 0 {
-            if !line.is_empty() {
-                line.push_str("; ");
-            }
-            line.push_str(&format!("OOM in {n_oom} of {n} placements"));
-        }
-        writeln!(out, "  placements        {line}")?;
-        if placement_independent {
-            writeln!(out, "                    (expandable segments: the decisions do not depend on where segments are placed)")?;
-        }
-        for (name, p) in &r.placements {
-            writeln!(
-                out,
-                "    {name:<11} peak reserved {:>11}   first OOM {}",
-                format_size(p.peak_reserved),
-                p.first_oom().map_or("none".to_string(), |x| format!("at request {x}"))
-            )?;
-        }
-    }
-    Ok(())
+    let answer = ReplayAnswer::new(&args.trace.display().to_string(), args.options(), all);
+    write_answer(&answer, as_json, io)
 }
 
 fn cmd_validate(path: &Path, capacity: Option<u64>, device_memory: Option<u64>, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
     let snap = load(path)?;
-    let spec = ReplaySpec { capacity, device_memory, ..ReplaySpec::default() };
-    let r = allocsim_replay::run(&snap, &spec)?;
-    let v = allocsim_replay::validate(&r);
+    let name = path.display().to_string();
+    let answer = allocsim_commands::replay::validate(Trace { name: &name, snapshot: &snap }, capacity, device_memory)?;
+    write_answer(&answer, as_json, io)
+}
+
+/// Writes an answer as text or JSON; its exit status.
+pub(crate) fn write_answer(answer: &dyn Answer, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
     if as_json {
-        let mut json = serde_json::to_value(&v).expect("JSON");
-        json["budget"] = r.budget.to_json();
-        write_json(io.out, &json)?;
+        answer.write_json(io.out)?;
     } else {
-        let out = &mut *io.out;
-        writeln!(out, "{} (device {}): replay under its own settings against the recording", path.display(), r.device)?;
-        for line in budget_lines(&r.budget) {
-            writeln!(out, "  budget           {line}")?;
-        }
-        for (name, a) in [
-            ("segment events", &v.segment_events),
-            ("OOMs", &v.ooms),
-            ("alloc addresses", &v.alloc_addresses),
-            ("final segments", &v.final_segments),
-        ] {
-            writeln!(
-                out,
-                "  {name:<16} {}/{} reproduced{}",
-                a.matched,
-                a.recorded,
-                a.first_divergence.as_ref().map(|d| format!("; first divergence: {d}")).unwrap_or_default()
-            )?;
-        }
-        writeln!(out, "  {}", if v.exact { "exact" } else { "NOT exact" })?;
+        answer.write_text(io.out)?;
     }
-    Ok(if v.exact { 0 } else { 1 })
+    Ok(answer.exit_code())
 }
 
 fn cmd_convert(input: &Path, output: &Path, io: &mut Io<'_>) -> Result<i32, UserError> {
@@ -665,9 +379,11 @@ fn cmd_replay_cuda(_: &ReplayArgs, _: bool, _: &mut Io<'_>) -> Result<i32, UserE
 /// same calls. Exit status 1 if any segment event's measured memory differs from the model's.
 #[cfg(feature = "cuda")]
 fn cmd_replay_cuda(args: &ReplayArgs, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
+    use allocsim_model::format::format_size;
+    use serde_json::json;
     let snap = load(&args.trace)?;
     let other = args.addresses_from.as_deref().map(load).transpose()?;
-    let r = allocsim_replay::run(&snap, &args.spec(other.as_ref()))?;
+    let r = allocsim_replay::run(&snap, &args.options().spec(other.as_ref()))?;
     let gpu = allocsim_cuda::replay_on_gpu(&r.program, &r.options, &r.outcome.empty_cache, 0)?;
     // Real addresses differ from the simulated ones; without expandable segments best fit breaks
     // ties by address, so the GPU replay's decisions can differ from the simulated replay's.

@@ -9,6 +9,6 @@ pub mod output;
 pub mod phases_cmd;
 pub mod ranks_cmd;
 pub mod report_cmd;
-pub mod size;
+pub use allocsim_commands::size;
 pub mod synth_cmd;
 pub mod whatif_cmds;

@@ -1,20 +1,19 @@
-//! `allocsim sweep`, `fit` and `compare`.
+//! `allocsim sweep` and `fit` (the answers: `allocsim_commands::{sweep, fit}`) and `compare`.
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+use allocsim_commands::fit::FitOptions;
+use allocsim_commands::sweep::SweepOptions;
+use allocsim_commands::{Trace, TraceOptions};
 use allocsim_model::AllocatorConfig;
 use allocsim_model::format::format_size;
 use allocsim_replay::{Prepared, ReplayOutcome, TorchVersion};
 use allocsim_trace::{Action, Snapshot};
 use allocsim_whatif::compare::{Side, compare};
-use allocsim_whatif::fit::{DEFAULT_OUTSIDE_MEMORY, fit, outside_memory_from_ooms};
-use allocsim_whatif::grid::{DEFAULT_GRID, GridPoint, parse_grid};
-use allocsim_whatif::sweep::{Row, replay_count, sweep};
 use comfy_table::{Table, presets};
-use serde_json::json;
 
-use crate::cli::{UserError, load, write_json};
+use crate::cli::{UserError, load, write_answer, write_json};
 use crate::output::Io;
 use crate::size::parse_size;
 
@@ -37,37 +36,15 @@ pub struct TraceArgs {
 }
 
 impl TraceArgs {
-    fn prepare(&self) -> Result<(Snapshot, Prepared), UserError> {
-        let snap = load(&self.trace)?;
-        let p = Prepared::new_for(&snap, self.device, self.device_memory, self.trace_capacity, TorchVersion::DEFAULT)?;
-        Ok((snap, p))
+    /// The trace, read, and the name its answers call it by.
+    pub fn load(&self) -> Result<(Snapshot, String), UserError> {
+        Ok((load(&self.trace)?, self.trace.display().to_string()))
     }
 
-    /// Loads and prepares the trace for a replay under `config` (default: the trace's own
-    /// settings) and `capacity`. Replaying under the trace's own settings, `--capacity` is also
-    /// taken as the cap it was recorded under unless `--trace-capacity` says otherwise.
-    pub fn prepare_for(&self, config: Option<&str>, capacity: Option<u64>) -> Result<(Snapshot, Prepared, AllocatorConfig), UserError> {
-        let snap = load(&self.trace)?;
-        let own = allocsim_replay::recorded_config(&snap)?;
-        let config = match config {
-            Some(c) => parse_config(c)?,
-            None => own.clone(),
-        };
-        let own_settings = {
-            let (mut x, mut y) = (config.clone(), own);
-            x.source.clear();
-            y.source.clear();
-            x == y
-        };
-        let trace_capacity = self.trace_capacity.or(if own_settings { capacity } else { None });
-        let p = Prepared::new_for(&snap, self.device, self.device_memory, trace_capacity, TorchVersion::DEFAULT)?;
-        Ok((snap, p, config))
+    /// The options that say how it was recorded.
+    pub fn options(&self) -> TraceOptions {
+        TraceOptions { device_memory: self.device_memory, trace_capacity: self.trace_capacity, device: self.device }
     }
-}
-
-/// `--config STR`, with PyTorch's error text.
-pub fn parse_config(c: &str) -> Result<AllocatorConfig, UserError> {
-    AllocatorConfig::parse(c).map_err(|e| UserError(format!("--config {c:?}: {e}")))
 }
 
 #[derive(clap::Args)]
@@ -108,246 +85,19 @@ fn progress_bar(n: usize, quiet: bool) -> indicatif::ProgressBar {
     pb
 }
 
-fn oom_cell(p: &Prepared, row: &Row) -> String {
-    let n = row.outcomes.len();
-    let k = row.placements_with_oom();
-    if k == 0 {
-        return "no".into();
-    }
-    let (lo, _) = row.first_oom_range();
-    let lo = lo.unwrap_or(0);
-    let req = &p.program.requests[lo as usize];
-    let mut s = format!("request {lo} ({})", format_size(req.size));
-    if let Some(site) = p.call_site(lo) {
-        s.push_str(&format!("\n  at {site}"));
-    }
-    if n > 1 {
-        s = format!("{k}/{n} placements; first at {s}");
-    }
-    s
-}
-
-fn range(r: Option<(u64, u64)>) -> String {
-    match r {
-        Some((lo, hi)) if format_size(lo) == format_size(hi) => format_size(lo),
-        Some((lo, hi)) => format!("{}–{}", format_size(lo), format_size(hi)),
-        None => "-".into(),
-    }
-}
-
 pub fn cmd_sweep(a: &SweepArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
-    let (_, p) = a.trace.prepare()?;
-    let grid = a.grid.as_deref().unwrap_or(DEFAULT_GRID);
-    let points: Vec<GridPoint> = parse_grid(grid, &a.base).map_err(UserError)?;
-    let pb = progress_bar(replay_count(&points, a.placements), a.json || a.csv);
-    let t0 = std::time::Instant::now();
-    let limits = p.limits(a.capacity);
-    let rows = sweep(&p, &points, &limits, a.placements, &|| pb.inc(1));
+    let (snap, name) = a.trace.load()?;
+    let options = SweepOptions { trace: a.trace.options(), capacity: a.capacity, grid: a.grid.clone(), base: a.base.clone(), placements: a.placements, top: a.top };
+    let points = allocsim_commands::sweep::grid_points(&options)?;
+    let pb = progress_bar(allocsim_commands::sweep::replays(&options, &points), a.json || a.csv);
+    let answer = allocsim_commands::sweep::sweep(Trace { name: &name, snapshot: &snap }, &options, &|| pb.inc(1));
     pb.finish_and_clear();
-    // An allowed maximum known as an interval: the outcomes at its two ends say which answers
-    // depend on where in it the real one lies.
-    let ends = match (a.capacity, p.budget.allowed_low, p.budget.allowed_high) {
-        (None, Some(lo), Some(hi)) if p.budget.allowed_is_interval() => Some((lo, hi)),
-        _ => None,
-    };
-    let depends: Vec<String> = match ends {
-        Some((lo, hi)) => {
-            let at = |c: u64| sweep(&p, &points, &p.limits_at(c), a.placements, &|| {});
-            allocsim_whatif::sweep::depends_on_limits(&[&rows, &at(lo), &at(hi)])
-        }
-        None => Vec::new(),
-    };
-    let secs = t0.elapsed().as_secs_f64();
-    // Which iteration each outcome's reserved memory peaks in (when the trace has iterations).
-    let layout = allocsim_phases::Layout::of(&p, None).ok().filter(|l| l.iterations.len() > 1);
-    let iteration_of = |q: Option<u32>| layout.as_ref().and_then(|l| l.iteration_of_request(q?));
-    if a.json {
-        let mut rows_json = serde_json::to_value(&rows).expect("JSON");
-        for (r, row) in rows.iter().zip(rows_json.as_array_mut().expect("rows")) {
-            for (o, out) in r.outcomes.iter().zip(row["outcomes"].as_array_mut().expect("outcomes")) {
-                out["peak_reserved_iteration"] = json!(iteration_of(o.peak_reserved_request));
-            }
-        }
-        let out = json!({
-            "trace": a.trace.trace.display().to_string(),
-            "capacity": a.capacity,
-            "grid": grid,
-            "placements": a.placements,
-            "seconds": secs,
-            "iterations": layout.as_ref().map(|l| l.iterations.len()),
-            "rows": rows_json,
-            "could_swap_with_next": allocsim_whatif::sweep::placement_sensitive_pairs(&rows),
-            "allowed_maximum_used": limits.capacity,
-            "budget": p.budget.to_json(),
-            "depends_on_allowed_maximum": depends,
-        });
-        write_json(io.out, &out)?;
-        return Ok(0);
-    }
+    let answer = answer?;
     if a.csv {
-        write_sweep_csv(io.out, &rows)?;
+        answer.write_csv(io.out)?;
         return Ok(0);
     }
-    write_sweep_text(io.out, a, &p, &points, &rows, secs, ends.map(|e| (e, depends.as_slice())), &iteration_of)?;
-    Ok(0)
-}
-
-/// `sweep --csv`: one row per config, best first.
-pub fn write_sweep_csv(out: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
-    writeln!(out, "rank,config,rejected,placements,placements_with_oom,first_oom_min,first_oom_max,peak_reserved_min,peak_reserved_max,peak_allocated,retries,syncs,device_alloc,device_free,device_call_ms")?;
-    for (i, r) in rows.iter().enumerate() {
-        let w = r.worst();
-        let (lo, hi) = r.first_oom_range();
-        let (pl, ph) = r.peak_reserved_range().unwrap_or((0, 0));
-        writeln!(
-            out,
-            "{},\"{}\",\"{}\",{},{},{},{},{},{},{},{},{},{},{},{:.3}",
-            i + 1,
-            r.conf,
-            r.rejected.clone().unwrap_or_default().replace('"', "'"),
-            r.outcomes.len(),
-            r.placements_with_oom(),
-            lo.map_or(String::new(), |x| x.to_string()),
-            hi.map_or(String::new(), |x| x.to_string()),
-            pl,
-            ph,
-            w.map_or(0, |w| w.peak_allocated),
-            w.map_or(0, |w| w.num_alloc_retries),
-            w.map_or(0, |w| w.num_sync_all_streams),
-            w.map_or(0, |w| w.num_device_alloc),
-            w.map_or(0, |w| w.num_device_free),
-            w.map_or(0.0, |w| w.device_call_us / 1000.0)
-        )?;
-    }
-    Ok(())
-}
-
-/// `sweep` as text: the table of the `a.top` best configs, the rejected ones, the recommendation.
-/// `interval`: the ends of an inferred allowed maximum and the configs whose outcome differs
-/// between them; `iteration_of`: the iteration holding a request (when the trace has iterations).
-fn write_sweep_text(
-    out: &mut dyn Write,
-    a: &SweepArgs,
-    p: &Prepared,
-    points: &[GridPoint],
-    rows: &[Row],
-    secs: f64,
-    interval: Option<((u64, u64), &[String])>,
-    iteration_of: &dyn Fn(Option<u32>) -> Option<usize>,
-) -> io::Result<()> {
-    let limits = p.limits(a.capacity);
-    let valid = rows.iter().filter(|r| r.rejected.is_none()).count();
-    let shared = rows.iter().flat_map(|r| &r.outcomes).filter(|o| o.same_as.is_some()).count();
-    writeln!(
-        out,
-        "{}: {} requests, {} configs ({} placements each, expandable segments once), {} outcomes under {} ({} replayed; {} shared with a config that cannot behave differently on this trace); {:.1} s",
-        a.trace.trace.display(),
-        p.program.requests.len(),
-        valid,
-        a.placements,
-        replay_count(points, a.placements),
-        match (a.capacity, limits.capacity, limits.outside.is_empty()) {
-            (Some(c), _, _) => format!("a {} cap", format_size(c)),
-            (None, Some(c), _) => format!("the trace's own allowed maximum, {} (inferred)", format_size(c)),
-            (None, None, false) => "the trace's own budget (a full device, inferred)".to_string(),
-            (None, None, true) => "no cap".to_string(),
-        },
-        replay_count(points, a.placements) - shared,
-        shared,
-        secs
-    )?;
-    let mut t = Table::new();
-    t.load_style(presets::UTF8_FULL_CONDENSED);
-    let with_iterations = rows.iter().flat_map(|r| &r.outcomes).any(|o| iteration_of(o.peak_reserved_request).is_some());
-    let mut header = vec!["#", "config", "OOM", "peak reserved"];
-    if with_iterations {
-        header.push("in iteration");
-    }
-    header.extend(["reserved − allocated", "retries", "syncs", "cudaMalloc/free (map/unmap)", "device time"]);
-    t.set_header(header);
-    for (i, r) in rows.iter().filter(|r| r.rejected.is_none()).take(a.top).enumerate() {
-        let w = r.worst().unwrap();
-        // The iterations where the placements' peaks fall (one, usually).
-        let mut its: Vec<usize> = r.outcomes.iter().filter_map(|o| iteration_of(o.peak_reserved_request)).collect();
-        its.sort_unstable();
-        its.dedup();
-        let mut cells = vec![
-            (i + 1).to_string(),
-            if r.conf.is_empty() { "(defaults)".into() } else { r.conf.replace(',', ", ") },
-            oom_cell(p, r),
-            range(r.peak_reserved_range()),
-        ];
-        if with_iterations {
-            cells.push(its.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", "));
-        }
-        cells.extend([
-            format_size(w.peak_reserved.saturating_sub(w.peak_allocated)),
-            w.num_alloc_retries.to_string(),
-            w.num_sync_all_streams.to_string(),
-            format!("{} / {}", w.num_device_alloc, w.num_device_free),
-            format!("{:.1} ms", w.device_call_us / 1000.0),
-        ]);
-        t.add_row(cells);
-    }
-    writeln!(out, "{t}")?;
-    if a.capacity.is_none() {
-        for line in crate::cli::budget_lines(&p.budget) {
-            writeln!(out, "budget: {line}")?;
-        }
-    }
-    match interval {
-        Some(((lo, hi), depends)) if depends.is_empty() => writeln!(
-            out,
-            "every outcome above is the same at both ends of the inferred allowed maximum ({}–{})",
-            format_size(lo),
-            format_size(hi)
-        )?,
-        Some(((lo, hi), depends)) => writeln!(
-            out,
-            "depends on where in {}–{} the real allowed maximum lies (the outcome differs between its ends): {}",
-            format_size(lo),
-            format_size(hi),
-            depends.iter().map(|c| if c.is_empty() { "(defaults)" } else { c.as_str() }).collect::<Vec<_>>().join("; ")
-        )?,
-        None => {}
-    }
-    for r in rows.iter().filter(|r| r.rejected.is_some()) {
-        writeln!(out, "rejected by PyTorch: {} — {}", r.conf, r.rejected.as_ref().unwrap())?;
-    }
-    if limits.capacity.is_none() && points.iter().any(|p| p.config.as_ref().is_ok_and(|c| c.gc_enabled())) {
-        writeln!(out, "note: garbage_collection_threshold has no effect without a memory fraction (give --capacity)")?;
-    }
-    // Rankings that placement can flip: adjacent configs whose outcome ranges overlap.
-    let shown: Vec<&Row> = rows.iter().filter(|r| r.rejected.is_none()).take(a.top).collect();
-    let flips = allocsim_whatif::sweep::placement_sensitive_pairs(rows);
-    let flips: Vec<String> = flips.iter().filter(|&&i| i + 1 < a.top).map(|i| format!("#{} and #{}", i + 1, i + 2)).collect();
-    if !flips.is_empty() {
-        writeln!(out, "placement: these neighbours could swap places depending on where the driver puts segments (their ranges overlap): {}", flips.join(", "))?;
-    }
-    if let Some(best) = shown.first() {
-        let own = rows.iter().find(|r| r.rejected.is_none() && p.is_own_under(&AllocatorConfig::parse(&r.conf).unwrap(), &limits));
-        let name = |r: &Row| if r.conf.is_empty() { "the defaults".to_string() } else { r.conf.clone() };
-        let line = match own {
-            Some(o) if std::ptr::eq(o, *best) => format!("recommendation: keep {} (the trace's own settings rank first)", name(best)),
-            Some(o) if o.placements_with_oom() > 0 && best.placements_with_oom() == 0 => format!(
-                "recommendation: {} avoids the OOM that {} runs into at request {} (peak reserved {})",
-                name(best),
-                name(o),
-                o.first_oom_range().0.unwrap_or(0),
-                range(best.peak_reserved_range())
-            ),
-            Some(o) => format!(
-                "recommendation: {} (peak reserved {} vs {} under {})",
-                name(best),
-                range(best.peak_reserved_range()),
-                range(o.peak_reserved_range()),
-                name(o)
-            ),
-            None => format!("recommendation: {} (peak reserved {})", name(best), range(best.peak_reserved_range())),
-        };
-        writeln!(out, "{line}")?;
-    }
-    Ok(())
+    write_answer(&answer, a.json, io)
 }
 
 #[derive(clap::Args)]
@@ -375,151 +125,10 @@ pub struct FitArgs {
 }
 
 pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
-    let (_, p) = a.trace.prepare()?;
-    let points: Vec<GridPoint> = match (&a.grid, &a.config) {
-        (Some(g), _) => parse_grid(g, "").map_err(UserError)?,
-        (None, Some(c)) => vec![GridPoint { conf: c.clone(), config: AllocatorConfig::parse(c).map_err(|e| e.to_string()) }],
-        (None, None) => vec![GridPoint { conf: p.own.source.clone(), config: Ok(p.own.clone()) }],
-    };
-    let (outside, outside_source) = match (a.reserve, outside_memory_from_ooms(&p)) {
-        (Some(r), _) => (r, "given with --reserve"),
-        (None, Some(r)) if !p.budget.device_full.is_empty() => {
-            (r, "from the trace's OOM entries (device_free): the device was full, so this includes what other processes held; --reserve sets it")
-        }
-        (None, Some(r)) => (r, "from the trace's OOM entries (device_free)"),
-        (None, None) => (DEFAULT_OUTSIDE_MEMORY, "default: CUDA context measured on an H200 with torch 2.11"),
-    };
-    let placements = p.placements(a.placements.max(1));
-    let mut results = Vec::new();
-    for pt in &points {
-        let config = match &pt.config {
-            Ok(c) => c,
-            Err(e) => {
-                results.push(json!({"config": pt.conf, "rejected": e}));
-                continue;
-            }
-        };
-        let n = if config.expandable_segments { 1 } else { placements.len() };
-        let fits: Vec<_> = placements[..n].iter().map(|(name, pl)| (name.clone(), fit(&p, config, pl))).collect();
-        let caps: Vec<u64> = fits.iter().filter_map(|(_, f)| f.capacity).collect();
-        let capacity = fits[0].1.capacity;
-        let own_budget = match (caps.iter().min(), caps.iter().max()) {
-            (Some(&lo), Some(&hi)) if caps.len() == fits.len() => allocsim_whatif::fit::against_budget(lo, hi, &p.budget),
-            _ => None,
-        };
-        let cards: Vec<_> = a
-            .cards
-            .iter()
-            .map(|&card| {
-                let usable = card.saturating_sub(outside);
-                let fits_all = caps.len() == fits.len() && caps.iter().all(|&c| c <= usable);
-                let fits_some = caps.iter().any(|&c| c <= usable);
-                json!({"card": card, "usable": usable, "fits": fits_all, "fits_in_some_placements": fits_some && !fits_all})
-            })
-            .collect();
-        results.push(json!({
-            "config": pt.conf,
-            "capacity": capacity,
-            "capacity_range": if caps.is_empty() { json!(null) } else { json!([caps.iter().min(), caps.iter().max()]) },
-            "uncapped_peak_reserved": fits[0].1.uncapped_peak_reserved,
-            "peak_allocated": fits[0].1.peak_allocated,
-            "checked_below": fits[0].1.checked_below,
-            "non_monotone": fits.iter().any(|(_, f)| f.non_monotone),
-            "placement_independent": config.expandable_segments,
-            "placements": fits.iter().map(|(name, f)| json!({"name": name, "capacity": f.capacity, "replays": f.replays})).collect::<Vec<_>>(),
-            "cards": cards,
-            "own_budget": own_budget.map(|(v, lo, hi)| json!({"verdict": v, "low": lo, "high": hi})),
-        }));
-    }
-    if a.json {
-        let body = if results.len() == 1 && a.grid.is_none() {
-            let mut r = results.pop().unwrap();
-            r["outside_memory"] = json!(outside);
-            r
-        } else {
-            json!({"outside_memory": outside, "configs": results})
-        };
-        write_json(io.out, &body)?;
-        return Ok(0);
-    }
-    write_fit_text(io.out, a, p.program.requests.len(), p.device_memory, &results, outside, outside_source)?;
-    Ok(0)
-}
-
-/// `fit` as text: per config the fitting capacity, how it was checked, and the cards.
-fn write_fit_text(
-    out: &mut dyn Write,
-    a: &FitArgs,
-    requests: usize,
-    device_memory: u64,
-    results: &[serde_json::Value],
-    outside: u64,
-    outside_source: &str,
-) -> io::Result<()> {
-    writeln!(out, "{}: {} requests", a.trace.trace.display(), requests)?;
-    for r in results {
-        let conf = r["config"].as_str().unwrap_or("");
-        let conf = if conf.is_empty() { "defaults" } else { conf };
-        if let Some(e) = r["rejected"].as_str() {
-            writeln!(out, "  {conf}: rejected by PyTorch: {e}")?;
-            continue;
-        }
-        match r["capacity"].as_u64() {
-            None => writeln!(out, "  {conf}: does not fit even in the whole device ({})", format_size(device_memory))?,
-            Some(c) => {
-                let rng = &r["capacity_range"];
-                let spread = match (rng[0].as_u64(), rng[1].as_u64()) {
-                    (Some(lo), Some(hi)) if lo != hi => format!(" ({}–{} across placements)", format_size(lo), format_size(hi)),
-                    _ => String::new(),
-                };
-                writeln!(
-                    out,
-                    "  {conf}: fits in an allowed maximum of {} ({c} bytes){spread}; peak allocated {}, uncapped peak reserved {}",
-                    format_size(c),
-                    format_size(r["peak_allocated"].as_u64().unwrap()),
-                    format_size(r["uncapped_peak_reserved"].as_u64().unwrap())
-                )?;
-                writeln!(
-                    out,
-                    "    checked: {} − 2 MiB runs out of memory, and so does every capacity down to {} ({}{})",
-                    format_size(c),
-                    format_size(c.saturating_sub(r["checked_below"].as_u64().unwrap() * (2 << 20))),
-                    if r["non_monotone"].as_bool() == Some(true) { "fitting is NOT monotone here: a smaller capacity fits below a larger one that does not" } else { "monotone near the edge" },
-                    if r["placement_independent"].as_bool() == Some(true) { "; expandable segments: placement does not matter" } else { "" }
-                )?;
-                if let Some(b) = r["own_budget"].as_object() {
-                    let (lo, hi) = (b["low"].as_u64().unwrap_or(0), b["high"].as_u64().unwrap_or(0));
-                    let had = if lo == hi { format_size(lo) } else { format!("between {} and {} (inferred)", format_size(lo), format_size(hi)) };
-                    let verdict = match b["verdict"].as_str() {
-                        Some("fits") => "enough",
-                        Some("does_not_fit") => "not enough",
-                        _ => "enough or not depending on where in that range the real value lies",
-                    };
-                    writeln!(out, "    the trace itself had {had}: {verdict}")?;
-                }
-                for c in r["cards"].as_array().unwrap() {
-                    writeln!(
-                        out,
-                        "    {} card: {} usable after {} outside the allocator → {}",
-                        format_size(c["card"].as_u64().unwrap()),
-                        format_size(c["usable"].as_u64().unwrap()),
-                        format_size(outside),
-                        if c["fits"].as_bool() == Some(true) {
-                            "fits"
-                        } else if c["fits_in_some_placements"].as_bool() == Some(true) {
-                            "fits in some placements only"
-                        } else {
-                            "does not fit"
-                        }
-                    )?;
-                }
-            }
-        }
-    }
-    if !a.cards.is_empty() {
-        writeln!(out, "  memory outside the allocator: {} ({outside_source})", format_size(outside))?;
-    }
-    Ok(())
+    let (snap, name) = a.trace.load()?;
+    let options = FitOptions { trace: a.trace.options(), config: a.config.clone(), grid: a.grid.clone(), cards: a.cards.clone(), reserve: a.reserve, placements: a.placements };
+    let answer = allocsim_commands::fit::fit(Trace { name: &name, snapshot: &snap }, &options)?;
+    write_answer(&answer, a.json, io)
 }
 
 #[derive(clap::Args)]

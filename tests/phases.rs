@@ -293,3 +293,24 @@ fn annotations_of_another_device_serve_when_the_device_has_none() {
     assert!(matches!(l.source, Source::Annotation { .. }));
     assert_eq!(l.iterations.len(), 3);
 }
+
+/// Two real data-parallel ranks (`tools/record_ranks.py --backend gloo --one-gpu`: two processes,
+/// each with its own caching allocator, on one H200), where rank 1's step 6 ran at 4× the
+/// sequence length. `compare` names rank 1 and iteration 6; every iteration peak of each rank is
+/// the `max_memory_allocated()` its process read after that step.
+#[test]
+fn compare_real_ranks_names_the_rank_and_step_that_spiked() {
+    let dir = root("traces/field/ranks");
+    let v = phases_json(&["compare", dir.to_str().unwrap(), "--json"]);
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for (r, row) in rows.iter().enumerate() {
+        let m: Value = serde_json::from_str(&std::fs::read_to_string(dir.join(format!("rank{r}.json"))).unwrap()).unwrap();
+        assert!(row["file"].as_str().unwrap().ends_with(&format!("rank{r}.pickle.gz")));
+        assert_eq!(u64s(&row["iteration_peaks"]), u64s(&m["step_peaks"]), "rank {r}");
+        assert_eq!(row["peak_allocated"].as_u64(), m["global_peak_allocated"].as_u64(), "rank {r}");
+    }
+    let s = &v["first_spike"];
+    assert!(s["file"].as_str().unwrap().ends_with("rank1.pickle.gz"), "{s}");
+    assert_eq!(s["iteration"].as_u64(), Some(6));
+}

@@ -4,6 +4,10 @@ over ranks and `allocsim phases`. Run with torchrun on a machine with N GPUs:
 
     torchrun --nproc_per_node 2 tools/record_ranks.py OUT_DIR [--steps 12] [--spike-rank 1] [--spike-step 6]
 
+or, on a machine with one GPU, both ranks sharing it through gloo:
+
+    torchrun --nproc_per_node 2 tools/record_ranks.py OUT_DIR --backend gloo --one-gpu
+
 Each rank trains the same small HF Llama (4 layers, hidden 512) with DDP and AdamW at batch 8, sequence
 length 512, with `record_function` regions `forward`/`backward`/`optimizer`; at `--spike-step` the rank
 `--spike-rank` gets a batch 4x as long (the step whose peak hides under the global maximum, on one rank).
@@ -31,6 +35,10 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--spike-rank", type=int, default=1)
     ap.add_argument("--spike-step", type=int, default=6)
+    ap.add_argument("--backend", default="nccl", help="nccl (one GPU per rank) or gloo")
+    ap.add_argument("--one-gpu", action="store_true",
+                    help="every rank on GPU 0 (with --backend gloo; NCCL refuses two ranks on one device). Each "
+                         "rank is still its own process with its own caching allocator and snapshot")
     args = ap.parse_args()
 
     import torch
@@ -38,9 +46,9 @@ def main():
     from torch.nn.parallel import DistributedDataParallel as DDP
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    dist.init_process_group("nccl")
+    dist.init_process_group(args.backend)
     rank = dist.get_rank()
-    local = int(os.environ.get("LOCAL_RANK", rank))
+    local = 0 if args.one_gpu else int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(local)
     os.makedirs(args.out, exist_ok=True)
 
@@ -78,6 +86,7 @@ def main():
         "rank": rank,
         "world_size": dist.get_world_size(),
         "device": local,
+        "backend": args.backend,
         "torch": torch.__version__,
         "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "device_total_memory": torch.cuda.get_device_properties(local).total_memory,

@@ -1,0 +1,370 @@
+//! `explain`: why a request ran out of memory (logic: `allocsim_report::explain`).
+
+use std::io::{self, Write};
+
+use allocsim_model::AllocatorConfig;
+use allocsim_model::format::format_size as fs;
+use allocsim_report::explain::{At, CANDIDATES, Explanation, OomCause};
+use allocsim_trace::Snapshot;
+use serde_json::Value;
+
+use crate::{Answer, Error, Trace, TraceOptions};
+
+/// `explain`'s question.
+#[derive(Clone, Debug)]
+pub struct ExplainOptions {
+    pub trace: TraceOptions,
+    /// `oom` (the first request that runs out of memory in the replay), a request number N
+    /// (0-based, as in `replay --json`), or `peak`. Default: the first OOM the trace recorded
+    /// (under its own settings), else `oom`.
+    pub at: Option<String>,
+    /// Settings to replay under (default: the trace's own).
+    pub config: Option<String>,
+    /// The allowed maximum, as `set_per_process_memory_fraction` gives it (default: the trace's
+    /// own budget, inferred from it).
+    pub capacity: Option<u64>,
+    /// How many pinned segments and call sites to list.
+    pub top: usize,
+}
+
+impl Default for ExplainOptions {
+    fn default() -> Self {
+        ExplainOptions { trace: TraceOptions::default(), at: None, config: None, capacity: None, top: 5 }
+    }
+}
+
+/// `explain` (`addresses_from`: a recorded run whose segment addresses the replay takes).
+pub fn explain(t: Trace<'_>, addresses_from: Option<&Snapshot>, a: &ExplainOptions) -> Result<ExplainAnswer, Error> {
+    let (p, config) = a.trace.prepare_for(t.snapshot, a.config.as_deref(), a.capacity)?;
+    let placement = match addresses_from {
+        Some(other) => allocsim_replay::recorded_placement(other.device_traces.get(p.device).map_or(&[], |v| v.as_slice()), p.device_memory),
+        None => p.recorded_placement(),
+    };
+    let own = p.is_own(&config, a.capacity);
+    let first_recorded = p.program.requests.iter().position(|r| r.recorded_oom).map(|i| i as u32);
+    let at = match a.at.as_deref() {
+        None => match first_recorded {
+            Some(r) if own => At::Request(r),
+            _ => At::FirstOom,
+        },
+        Some("oom") => At::FirstOom,
+        Some("peak") => At::Peak,
+        Some(n) => At::Request(n.parse().map_err(|_| Error::Usage(format!("--at {n:?}: expected oom, peak or a request number")))?),
+    };
+    if let At::Request(n) = at
+        && n as usize >= p.program.requests.len()
+    {
+        return Err(Error::Usage(format!("--at {n}: the trace has {} requests (0 to {})", p.program.requests.len(), p.program.requests.len().saturating_sub(1))));
+    }
+    let Some(x) = allocsim_report::explain::explain(&p, &config, a.capacity, &placement, at, CANDIDATES) else {
+        return Ok(ExplainAnswer::NoOom { name: t.name.to_owned(), config: config.source.clone(), capacity: a.capacity });
+    };
+    // Every OOM of the replay, with its cause, to say whether the others share this one's.
+    let outcome = if own { p.own_outcome.clone() } else { p.replay_under(&config, &p.limits(a.capacity), placement.clone()) };
+    let causes = allocsim_report::explain::oom_causes(&p, &outcome);
+    Ok(ExplainAnswer::Explained(Box::new(Explained { x, config, top: a.top, prepared: p, capacity: a.capacity, causes, own })))
+}
+
+/// What `explain` found.
+pub enum ExplainAnswer {
+    /// Nothing ran out of memory (asked for `oom`).
+    NoOom { name: String, config: String, capacity: Option<u64> },
+    Explained(Box<Explained>),
+}
+
+/// An explanation and what its text needs besides.
+pub struct Explained {
+    pub x: Explanation,
+    pub config: AllocatorConfig,
+    pub top: usize,
+    pub prepared: allocsim_replay::Prepared,
+    pub capacity: Option<u64>,
+    /// Every OOM of the replay, with its cause.
+    pub causes: Vec<OomCause>,
+    /// Whether the replay is under the trace's own settings and budget.
+    pub own: bool,
+}
+
+impl Answer for ExplainAnswer {
+    fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
+        match self {
+            ExplainAnswer::NoOom { name, config, capacity } => writeln!(
+                out,
+                "{name}: no request runs out of memory under {}{} — nothing to explain at `oom` (try --at peak or --at N)",
+                if config.is_empty() { "the defaults" } else { config },
+                capacity.map_or(String::new(), |c| format!(" with {} allowed", fs(c)))
+            ),
+            ExplainAnswer::Explained(e) => {
+                write_explanation(out, &e.x, &e.config, e.top, &Context { prepared: &e.prepared, capacity: e.capacity })?;
+                write_causes(out, &e.x, &e.causes, e.own)
+            }
+        }
+    }
+    fn to_json(&self) -> Value {
+        match self {
+            ExplainAnswer::NoOom { .. } => serde_json::json!({"explanation": null, "reason": "no OOM"}),
+            ExplainAnswer::Explained(e) => {
+                let mut out = serde_json::to_value(&e.x).expect("JSON");
+                out["budget"] = e.prepared.budget.to_json();
+                out["ooms"] = serde_json::to_value(&e.causes).expect("JSON");
+                out
+            }
+        }
+    }
+}
+/// What `explain` knows of the replay besides the explanation: the prepared trace (its budget)
+/// and `--capacity`.
+pub struct Context<'a> {
+    pub prepared: &'a allocsim_replay::Prepared,
+    pub capacity: Option<u64>,
+}
+
+/// How many more OOMs there were and whether they share the explained one's cause.
+fn write_causes(out: &mut dyn Write, x: &Explanation, causes: &[OomCause], own: bool) -> io::Result<()> {
+    let Some(this) = causes.iter().find(|c| c.request == x.request) else { return Ok(()) };
+    let recorded: Vec<&OomCause> = causes.iter().filter(|c| c.recorded_oom).collect();
+    let others: Vec<&OomCause> = causes.iter().filter(|c| c.request != x.request).collect();
+    writeln!(out)?;
+    if own && !recorded.is_empty() {
+        writeln!(
+            out,
+            "The trace recorded {} OOM{}; {}. Its cause: {}.",
+            recorded.len(),
+            if recorded.len() == 1 { "" } else { "s" },
+            if recorded.first().is_some_and(|c| c.request == x.request) { "this is the first".to_string() } else { format!("this is request {}", x.request) },
+            this.describe()
+        )?;
+    } else {
+        writeln!(out, "The replay runs out of memory {} time{}; this one's cause: {}.", causes.len(), if causes.len() == 1 { "" } else { "s" }, this.describe())?;
+    }
+    let (same, differ): (Vec<&OomCause>, Vec<&OomCause>) = others.iter().partition(|c| c.same_cause(this));
+    if !same.is_empty() {
+        let shown: Vec<String> = same.iter().take(8).map(|c| c.request.to_string()).collect();
+        let more = if same.len() > 8 { format!(", … ({} in all)", same.len()) } else { String::new() };
+        let (s, verb) = if same.len() == 1 { ("", "shares") } else { ("s", "share") };
+        writeln!(out, "  {} other{s} {verb} it: requests {}{more}", same.len(), shown.join(", "))?;
+    }
+    for c in differ.iter().take(8) {
+        writeln!(out, "  request {} ({}) differs: {}", c.request, fs(c.size), c.describe())?;
+    }
+    if differ.len() > 8 {
+        writeln!(out, "  ... and {} more that differ", differ.len() - 8)?;
+    }
+    Ok(())
+}
+
+/// How many Python frames of a stack `explain` prints.
+const STACK_FRAMES: usize = 8;
+
+/// The Python frames of a stack, innermost first (the C++ frames are counted, not printed: they
+/// are in `--json`).
+fn write_stack(out: &mut dyn Write, frames: &[allocsim_trace::Frame]) -> io::Result<()> {
+    let python: Vec<_> = allocsim_trace::frames::python_frames(frames).collect();
+    let native = frames.len() - python.len();
+    if python.len() > 1 {
+        for f in python.iter().take(STACK_FRAMES) {
+            writeln!(out, "      {}", allocsim_trace::frames::frame_text(f))?;
+        }
+        if python.len() > STACK_FRAMES {
+            writeln!(out, "      ... {} more Python frames", python.len() - STACK_FRAMES)?;
+        }
+    }
+    if native > 0 && !python.is_empty() {
+        writeln!(out, "      ({native} C++ frames not shown; `--json` has the whole stack)")?;
+    }
+    Ok(())
+}
+
+/// `explain` as text: the request, the allocator's steps, where the free memory is, what pins it,
+/// and what would have worked (`top`: how many pinned segments and sites to list).
+pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &AllocatorConfig, top: usize, cx: &Context<'_>) -> io::Result<()> {
+    let (p, capacity) = (cx.prepared, cx.capacity);
+    let pool = if x.small { "small pool" } else { "large pool" };
+    writeln!(
+        out,
+        "Request {}: {} ({} bytes, rounded to {}) on stream {}, {pool}{}",
+        x.request,
+        fs(x.orig_size),
+        x.orig_size,
+        fs(x.rounded_size),
+        x.stream,
+        if x.recorded_oom { "; it ran out of memory in the trace too" } else { "" }
+    )?;
+    match &x.call_site {
+        Some(s) => writeln!(out, "  from {s}")?,
+        None => writeln!(out, "  (the trace recorded no stack for it)")?,
+    }
+    write_stack(out, &x.frames)?;
+    if let Some(ph) = &x.phase {
+        write_phase(out, ph)?;
+    }
+    writeln!(out, "  a new segment for it would be {}", fs(x.alloc_size))?;
+    writeln!(out)?;
+    writeln!(out, "What the allocator did:")?;
+    for (i, l) in x.step_lines.iter().enumerate() {
+        writeln!(out, "  {}. {l}", i + 1)?;
+    }
+    match &x.message {
+        Some(m) => {
+            writeln!(out, "  → out of memory. PyTorch says (without NVML's per-process sentence, which a trace cannot show):")?;
+            writeln!(out, "    {m}")?;
+            if capacity.is_none() {
+                for line in crate::budget_lines(&p.budget) {
+                    writeln!(out, "    budget: {line}")?;
+                }
+            }
+            if config.expandable_segments {
+                writeln!(out, "    (its hint to set expandable_segments:True does not apply: it is already on — pytorch/pytorch#173049)")?;
+            }
+        }
+        None => writeln!(out, "  → served")?,
+    }
+    writeln!(out)?;
+    let f = &x.free;
+    writeln!(
+        out,
+        "Where the {} reserved but not allocated is ({} reserved, {} allocated):",
+        fs(f.unallocated()),
+        fs(f.reserved),
+        fs(f.allocated)
+    )?;
+    let mut row = |label: &str, v: u64| -> io::Result<()> {
+        if v > 0 {
+            writeln!(out, "  {label:<58} {:>12}", fs(v))?;
+        }
+        Ok(())
+    };
+    row("free, in segments that live blocks keep from being released", f.pinned_by_live_blocks)?;
+    row("free, in completely free segments", f.in_free_segments)?;
+    row("  of which in the small pool (≤ 1 MiB requests only)", if x.small { 0 } else { f.free_small_pool })?;
+    row("  of which in the large pool (> 1 MiB requests only)", if x.small { f.free_large_pool } else { 0 })?;
+    row("  of which in private pools (CUDA graphs, MemPools)", f.free_private_pools)?;
+    row("blocks waiting for cross-stream frees (record_stream)", f.pending_frees)?;
+    row("rounding inside live blocks (allocated − requested)", f.rounding_waste)?;
+    let other_streams: u64 = f.per_pool.iter().filter(|p| p.stream != x.stream).map(|p| p.free).sum();
+    row("  free memory cached on other streams", other_streams)?;
+    writeln!(
+        out,
+        "  usable by this request (stream {}, {pool}): {} free, the largest contiguous block {} (needed {})",
+        x.stream,
+        fs(x.usable_free),
+        fs(x.usable_largest_block),
+        fs(x.rounded_size)
+    )?;
+    writeln!(out, "  largest contiguous free block anywhere: {}; gap concentration Σgap²/(Σgap)² = {:.4}", fs(f.largest_free_block), f.gap_concentration)?;
+    if !x.pinning_sites.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "Live blocks that keep free memory from being released, by where they were allocated:")?;
+        for s in x.pinning_sites.iter().take(top) {
+            writeln!(
+                out,
+                "  {:>12} free pinned by {} block{} ({}) from {}",
+                fs(s.pinned_free),
+                s.blocks,
+                if s.blocks == 1 { "" } else { "s" },
+                fs(s.live_bytes),
+                s.call_site
+            )?;
+        }
+    }
+    if !x.pinned.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "Segments whose free memory live blocks pin (most free first; {} such segments):", x.pinned.len())?;
+        for s in x.pinned.iter().take(top) {
+            writeln!(
+                out,
+                "  {:#x}  {} {}segment, {} free (largest {}), held by {} live block{}:",
+                s.address,
+                fs(s.size),
+                if s.expandable { "expandable " } else { "" },
+                fs(s.free),
+                fs(s.largest_free_block),
+                s.live.len(),
+                if s.live.len() == 1 { "" } else { "s" }
+            )?;
+            for b in s.live.iter().take(4) {
+                let req = if b.request == u32::MAX { "a block from before the trace".to_string() } else { format!("request {}", b.request) };
+                writeln!(out, "      {} ({req}){}", fs(b.size), b.call_site.as_ref().map(|c| format!(" at {c}")).unwrap_or_default())?;
+            }
+            if s.live.len() > 4 {
+                writeln!(out, "      ... {} more", s.live.len() - 4)?;
+            }
+        }
+        if x.pinned.len() > top {
+            let rest: u64 = x.pinned.iter().skip(top).map(|s| s.free).sum();
+            writeln!(out, "  ... {} more segments with {} free", x.pinned.len() - top, fs(rest))?;
+        }
+    }
+    if x.message.is_some() {
+        writeln!(out)?;
+        let limits = p.limits(capacity);
+        writeln!(
+            out,
+            "What would have worked (the same requests{}):",
+            match (capacity, limits.capacity, limits.outside.is_empty()) {
+                (Some(c), _, _) => format!(", {} allowed", fs(c)),
+                (None, Some(c), _) if p.budget.allowed_is_interval() => format!(
+                    ", {} allowed: the inferred maximum, between {} and {}",
+                    fs(c),
+                    fs(p.budget.allowed_low.unwrap_or(c)),
+                    fs(p.budget.allowed_high.unwrap_or(c))
+                ),
+                (None, Some(c), _) => format!(", {} allowed (inferred)", fs(c)),
+                (None, None, false) => ", the memory the device had free as the trace shows it".to_string(),
+                (None, None, true) => String::new(),
+            }
+        )?;
+        for alt in &x.alternatives {
+            let verdict = match (&alt.rejected, alt.first_oom) {
+                (Some(e), _) => format!("rejected by PyTorch: {e}"),
+                (None, None) => format!("no OOM at all; peak reserved {}", fs(alt.peak_reserved)),
+                (None, Some(o)) if alt.avoids => format!("gets past request {}, but runs out of memory at request {o}", x.request),
+                (None, Some(o)) if o == x.request => "runs out of memory at the same request".to_string(),
+                (None, Some(o)) => format!("runs out of memory earlier, at request {o}"),
+            };
+            let depends = if alt.depends_on_allowed_maximum { " (depends on where in the inferred interval the allowed maximum lies)" } else { "" };
+            writeln!(out, "  {:<48} {verdict}{depends}", alt.conf)?;
+        }
+        let saved: Vec<&str> = x.alternatives.iter().filter(|a| a.rejected.is_none() && a.first_oom.is_none()).map(|a| a.conf.as_str()).collect();
+        let past: Vec<&str> = x.alternatives.iter().filter(|a| a.avoids && a.first_oom.is_some()).map(|a| a.conf.as_str()).collect();
+        if !saved.is_empty() {
+            writeln!(out, "  → runs without any OOM under: {}", saved.join("; "))?;
+        } else if !past.is_empty() {
+            writeln!(out, "  → none of these runs the whole trace without OOM; these get past this request: {}", past.join("; "))?;
+        } else {
+            writeln!(out, "  → none of these settings avoids this OOM; only more memory does:")?;
+        }
+        if let Some(c) = x.smallest_capacity {
+            writeln!(out, "  {:<48} the smallest allowed maximum that runs the whole trace under these settings", fs(c))?;
+        }
+        if limits.capacity.is_none() {
+            writeln!(out, "  note: garbage_collection_threshold has no effect without a memory fraction")?;
+        }
+    }
+    Ok(())
+}
+
+/// Where the explained request falls: its iteration and annotated regions (nothing when the
+/// trace has neither).
+fn write_phase(out: &mut dyn Write, ph: &allocsim_phases::PhaseAt) -> io::Result<()> {
+    use allocsim_phases::Source;
+    let regions = if ph.regions.is_empty() { String::new() } else { format!(", inside {}", ph.regions.join(" › ")) };
+    let Some(i) = ph.iteration else {
+        if !regions.is_empty() {
+            writeln!(out, "  {}", &regions[2..])?;
+        }
+        return Ok(());
+    };
+    let how = match &ph.source {
+        Source::Annotation { names } => format!("iterations end at each `{}`", names.join("`/`")),
+        Source::Pattern { .. } => "iterations from the repeating request pattern".to_string(),
+        Source::Whole { .. } => {
+            if !regions.is_empty() {
+                writeln!(out, "  {}", &regions[2..])?;
+            }
+            return Ok(());
+        }
+    };
+    let partial = if ph.complete { "" } else { ", after the last one" };
+    writeln!(out, "  in iteration {i} of {} ({how}{partial}){regions}", ph.iterations)
+}

@@ -1,0 +1,52 @@
+//! How a trace was recorded, and making it ready for replays.
+
+use allocsim_model::AllocatorConfig;
+use allocsim_replay::{Prepared, TorchVersion};
+use allocsim_trace::Snapshot;
+
+use crate::Error;
+
+/// What the trace does not say about how it was recorded (every field: default inferred).
+#[derive(Clone, Debug, Default)]
+pub struct TraceOptions {
+    /// The device's total memory (default: as the trace shows it, else an H200's).
+    pub device_memory: Option<u64>,
+    /// The allowed maximum the trace was recorded under (tells its `empty_cache()` calls from the
+    /// releases its own OOM retries made). Default: inferred from the trace's OOM entries and
+    /// segment events, with the memory held outside the allocator.
+    pub trace_capacity: Option<u64>,
+    /// Which device's trace (default: the first with entries).
+    pub device: Option<usize>,
+}
+
+impl TraceOptions {
+    /// The trace made ready for replays under any settings.
+    pub fn prepare(&self, snap: &Snapshot) -> Result<Prepared, Error> {
+        Ok(Prepared::new_for(snap, self.device, self.device_memory, self.trace_capacity, TorchVersion::DEFAULT)?)
+    }
+
+    /// The trace made ready for a replay under `config` (default: the trace's own settings) and
+    /// `capacity`, and that config. Replaying under the trace's own settings, `capacity` is also
+    /// taken as the cap it was recorded under unless `trace_capacity` says otherwise.
+    pub fn prepare_for(&self, snap: &Snapshot, config: Option<&str>, capacity: Option<u64>) -> Result<(Prepared, AllocatorConfig), Error> {
+        let own = allocsim_replay::recorded_config(snap)?;
+        let config = match config {
+            Some(c) => parse_config(c)?,
+            None => own.clone(),
+        };
+        let own_settings = {
+            let (mut x, mut y) = (config.clone(), own);
+            x.source.clear();
+            y.source.clear();
+            x == y
+        };
+        let trace_capacity = self.trace_capacity.or(if own_settings { capacity } else { None });
+        let p = Prepared::new_for(snap, self.device, self.device_memory, trace_capacity, TorchVersion::DEFAULT)?;
+        Ok((p, config))
+    }
+}
+
+/// A `PYTORCH_CUDA_ALLOC_CONF` string, with PyTorch's error text.
+pub fn parse_config(c: &str) -> Result<AllocatorConfig, Error> {
+    AllocatorConfig::parse(c).map_err(|e| Error::Config { message: format!("--config {c:?}: {e}"), pytorch: e.to_string() })
+}

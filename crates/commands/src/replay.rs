@@ -1,0 +1,392 @@
+//! `replay` and `validate`.
+
+use std::io::{self, Write};
+
+use allocsim_model::format::{format_size, oom_message};
+use allocsim_replay::program::Request;
+use allocsim_replay::replay::Oom;
+use allocsim_replay::{ReplaySpec, ReplaySummary, TorchVersion};
+use allocsim_trace::Snapshot;
+use serde_json::{Value, json};
+
+use crate::{Answer, Error, Trace, budget_lines};
+
+/// The replay question (`allocsim replay`'s options).
+#[derive(Clone, Debug, Default)]
+pub struct ReplayOptions {
+    /// A `PYTORCH_CUDA_ALLOC_CONF` string (default: the settings recorded in the snapshot).
+    pub config: Option<String>,
+    /// The allowed maximum (default: the budget inferred from the trace).
+    pub capacity: Option<u64>,
+    /// The device's total memory (default: as the trace shows it, else an H200's).
+    pub device_memory: Option<u64>,
+    /// The allowed maximum the trace itself was recorded under.
+    pub trace_capacity: Option<u64>,
+    /// Also replay under this many plausible segment placements.
+    pub placements: Option<usize>,
+    /// One device (default: every device with entries).
+    pub device: Option<usize>,
+    /// The PyTorch release whose rules apply.
+    pub torch_version: TorchVersion,
+}
+
+impl ReplayOptions {
+    /// The replay question these options ask (`other`: a recorded run to take addresses from).
+    pub fn spec<'a>(&self, other: Option<&'a Snapshot>) -> ReplaySpec<'a> {
+        ReplaySpec {
+            config: self.config.clone(),
+            capacity: self.capacity,
+            device_memory: self.device_memory,
+            trace_capacity: self.trace_capacity,
+            addresses_from: other,
+            placements: self.placements,
+            device: self.device,
+            torch_version: self.torch_version,
+        }
+    }
+}
+
+/// `replay`: every device (or the one asked for), replayed in memory.
+pub fn replay(t: Trace<'_>, addresses_from: Option<&Snapshot>, o: &ReplayOptions) -> Result<ReplayAnswer, Error> {
+    let spec = o.spec(addresses_from);
+    let all = if o.device.is_some() {
+        vec![allocsim_replay::run(t.snapshot, &spec)?.into_summary()]
+    } else {
+        allocsim_replay::devices::run_devices(t.snapshot, &spec)?.into_iter().map(|r| r.into_summary()).collect()
+    };
+    Ok(ReplayAnswer::new(t.name, o.clone(), all))
+}
+
+/// What `replay` found: one summary per device.
+pub struct ReplayAnswer {
+    pub name: String,
+    pub options: ReplayOptions,
+    /// One per device replayed, in device order.
+    pub all: Vec<ReplaySummary>,
+}
+
+impl ReplayAnswer {
+    /// From summaries computed elsewhere (the command line's streamed replay of a JSON Lines file).
+    pub fn new(name: &str, options: ReplayOptions, all: Vec<ReplaySummary>) -> ReplayAnswer {
+        ReplayAnswer { name: name.to_owned(), options, all }
+    }
+}
+
+impl Answer for ReplayAnswer {
+    fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
+        write_replay_text(out, self, &self.all)
+    }
+    fn to_json(&self) -> Value {
+        replay_json(self, &self.all[0], &self.all)
+    }
+}
+
+/// The state a truncated trace starts from (`null`: an empty allocator).
+fn initial_state_json(r: &ReplaySummary) -> Value {
+    match &r.initial {
+        None => Value::Null,
+        Some(s) => json!({
+            "segments": s.segments.len(),
+            "reserved_bytes": s.reserved_bytes(),
+            "blocks": s.blocks.len(),
+            "allocated_blocks": s.allocated_blocks(),
+            "allocated_bytes": s.allocated_bytes(),
+            "pending_free_blocks": s.pending_blocks(),
+            "inferred_block_sizes": s.inferred_sizes,
+            "restore_failures": r.outcome.restore_failures,
+        }),
+    }
+}
+
+/// One summary per device, in device order.
+fn devices_json(all: &[ReplaySummary]) -> Value {
+    let rank = allocsim_replay::devices::worst_first(all);
+    Value::from(
+        all.iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let s = &r.outcome.stats;
+                json!({
+                    "device": r.device,
+                    "rank": rank.iter().position(|&k| k == i),
+                    "requests": r.requests,
+                    "ooms": r.outcome.ooms.len(),
+                    "first_oom": r.outcome.first_oom(),
+                    "peak_reserved": r.outcome.peak_reserved,
+                    "peak_allocated": s.allocated_bytes.all().peak,
+                    "reserved_at_end": s.reserved_bytes.all().current,
+                    "num_device_alloc": s.num_device_alloc,
+                    "num_device_free": s.num_device_free,
+                    "initial_state": initial_state_json(r),
+                })
+            })
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// The OOM message as PyTorch would print it, with `device_free` from the trace where it recorded
+/// one (see `allocsim_replay::oom`); NVML's per-process sentence cannot be known and is left out.
+fn message(r: &ReplaySummary, o: &Oom, device_free: u64) -> String {
+    let mut info = o.info.clone();
+    info.device_free = device_free;
+    oom_message(&info, r.device as i32, "")
+}
+
+fn oom_json(r: &ReplaySummary, o: &Oom, &(ref req, device_free): &(Request, u64)) -> Value {
+    json!({
+        "request": o.request,
+        "size": o.info.rounded_size,
+        "orig_size": o.info.orig_size,
+        "alloc_size": o.info.alloc_size,
+        "stream": o.info.stream,
+        "pool": if o.info.is_small { "small" } else { "large" },
+        "recorded_oom": req.recorded_oom,
+        "trace_index": req.trace_index,
+        "allocated_bytes": o.info.allocated_bytes,
+        "reserved_bytes": o.info.reserved_bytes,
+        "message": message(r, o, device_free),
+    })
+}
+
+/// Fragmentation figures of a replay (definitions in `allocsim_report::frag`).
+fn fragmentation_json(o: &allocsim_replay::ReplayOutcome) -> Value {
+    let s = &o.stats;
+    let end = allocsim_report::frag::breakdown(&o.allocator);
+    json!({
+        "utilization": s.active_bytes.all().peak as f64 / (s.reserved_bytes.all().peak.max(1) as f64),
+        "peak_reserved_minus_peak_allocated": s.reserved_bytes.all().peak - s.allocated_bytes.all().peak,
+        "at_end": end,
+    })
+}
+/// `replay --json`: the device `r` at the top level, every device in `devices`.
+fn replay_json(args: &ReplayAnswer, r: &ReplaySummary, all: &[ReplaySummary]) -> Value {
+    let o = &r.outcome;
+    let placements: Vec<Value> = r
+        .placements
+        .iter()
+        .map(|(name, p)| json!({"name": name, "first_oom": p.first_oom(), "peak_reserved": p.peak_reserved, "ooms": p.ooms.len()}))
+        .collect();
+    json!({
+        "trace": args.name.clone(),
+        "device": r.device,
+        "config": r.options.config.source,
+        "capacity": r.options.capacity,
+        "requests": r.requests,
+        "stats": o.stats.to_memory_stats(),
+        "segment_events": o.segment_events,
+        "ooms": o.ooms.iter().zip(&r.oom_requests).map(|(x, q)| oom_json(r, x, q)).collect::<Vec<_>>(),
+        "first_oom": o.first_oom(),
+        "empty_cache_calls": o.empty_cache_requests,
+        "unknown_frees": r.unknown_frees,
+        "initial_state": initial_state_json(r),
+        "reconstruct_error": r.reconstruct_error,
+        "torch_version": args.options.torch_version.to_string(),
+        "devices": devices_json(all),
+        "placements": if args.options.placements.is_some() { Value::from(placements) } else { Value::Null },
+        "placement_independent": r.options.config.expandable_segments,
+        "fragmentation": fragmentation_json(o),
+        "budget": r.budget.as_ref().map(|b| b.to_json()),
+        "budget_ends": r.budget_ends,
+    })
+}
+
+/// `replay` as text: every device, worst first.
+fn write_replay_text(out: &mut dyn Write, args: &ReplayAnswer, all: &[ReplaySummary]) -> std::io::Result<()> {
+    if all.len() > 1 {
+        writeln!(out, "{}: {} devices, each replayed on its own allocator; worst first (most OOMs, then highest peak reserved)", args.name, all.len())?;
+    }
+    for &i in &allocsim_replay::devices::worst_first(all) {
+        write_device_text(out, args, &all[i])?;
+    }
+    Ok(())
+}
+
+fn write_device_text(out: &mut dyn Write, args: &ReplayAnswer, r: &ReplaySummary) -> std::io::Result<()> {
+    let o = &r.outcome;
+    let placement_independent = r.options.config.expandable_segments;
+    let s = &o.stats;
+    let conf = if r.options.config.source.is_empty() { "defaults".to_string() } else { r.options.config.source.clone() };
+    writeln!(out, "{} (device {}): {} requests replayed under {conf}", args.name, r.device, r.requests)?;
+    match &r.budget {
+        Some(b) if args.options.capacity.is_none() && (b.kind.is_some() || b.device_memory.source == allocsim_replay::budget::DeviceMemorySource::Inferred) => {
+            for line in budget_lines(b) {
+                writeln!(out, "  budget            {line}")?;
+            }
+        }
+        _ => {
+            if let Some(c) = r.options.capacity {
+                writeln!(out, "  allowed maximum   {} ({c} bytes)", format_size(c))?;
+            }
+        }
+    }
+    if let [lo, hi] = r.budget_ends.as_slice() {
+        let at = |e: &allocsim_replay::run::BudgetEnd| match e.first_oom {
+            Some(q) => format!("{} OOMs from request {q}", e.ooms),
+            None => format!("no OOM, peak reserved {}", format_size(e.peak_reserved)),
+        };
+        let same = (lo.first_oom, lo.ooms) == (hi.first_oom, hi.ooms) && (lo.first_oom, lo.ooms) == (o.first_oom(), o.ooms.len());
+        writeln!(
+            out,
+            "  uncertainty       at the ends of the inferred allowed maximum: {} allowed → {}; {} allowed → {}{}",
+            format_size(lo.capacity),
+            at(lo),
+            format_size(hi.capacity),
+            at(hi),
+            if same { " (the same OOMs as replayed)" } else { ": the answer depends on where in that interval the real maximum lies" }
+        )?;
+    }
+    let peak_res = s.reserved_bytes.all().peak as u64;
+    let peak_alloc = s.allocated_bytes.all().peak as u64;
+    writeln!(
+        out,
+        "  peak reserved     {}   (peak allocated {}; {} reserved beyond it)",
+        format_size(peak_res),
+        format_size(peak_alloc),
+        format_size(peak_res.saturating_sub(peak_alloc))
+    )?;
+    writeln!(
+        out,
+        "  at the end        {} reserved in {} segments, {} allocated",
+        format_size(s.reserved_bytes.all().current as u64),
+        s.segment.all().current,
+        format_size(s.allocated_bytes.all().current as u64)
+    )?;
+    writeln!(
+        out,
+        "  device calls      {} cudaMalloc/map, {} cudaFree/unmap; {} alloc retries, {} full synchronizations",
+        s.num_device_alloc, s.num_device_free, s.num_alloc_retries, s.num_sync_all_streams
+    )?;
+    let end = allocsim_report::frag::breakdown(&o.allocator);
+    writeln!(
+        out,
+        "  fragmentation     utilization {:.1}% (peak active ÷ peak reserved); at the end {} free, largest block {} ({:.0}% of the free), {} rounding inside live blocks",
+        100.0 * s.active_bytes.all().peak as f64 / (peak_res.max(1) as f64),
+        format_size(end.free),
+        format_size(end.largest_free_block),
+        if end.free > 0 { 100.0 * end.largest_free_block as f64 / end.free as f64 } else { 100.0 },
+        format_size(end.rounding_waste)
+    )?;
+    let ec = &o.empty_cache_requests;
+    if !ec.is_empty() {
+        writeln!(out, "  empty_cache()     {} calls, inferred from the trace's releases", ec.len())?;
+    }
+    if let Some(init) = &r.initial {
+        writeln!(
+            out,
+            "  mid-history       the trace's first entry is not the job's (the ring buffer of max_entries): the replay starts from the state reconstructed from the final segments, {} pre-existing blocks ({} allocated in {} blocks, {} pending free) in {} segments ({} reserved); counters count from the trace's start, peaks are the trace's",
+            init.blocks.len(),
+            format_size(init.allocated_bytes()),
+            init.allocated_blocks(),
+            init.pending_blocks(),
+            init.segments.len(),
+            format_size(init.reserved_bytes())
+        )?;
+    }
+    if let Some(e) = &r.reconstruct_error {
+        writeln!(out, "  note              the state at the trace's start could not be reconstructed ({e}); the replay starts from an empty allocator")?;
+    }
+    if r.unknown_frees > 0 {
+        writeln!(
+            out,
+            "  note              {} frees of blocks allocated before the trace began were ignored",
+            r.unknown_frees
+        )?;
+    }
+    match o.ooms.first().zip(r.oom_requests.first()) {
+        None => writeln!(out, "  OOMs              none")?,
+        Some((first, &(ref req, device_free))) => {
+            writeln!(
+                out,
+                "  OOMs              {} ; the first at request {} ({} on stream {}{}):",
+                o.ooms.len(),
+                first.request,
+                format_size(req.size),
+                req.stream,
+                if req.recorded_oom { ", an OOM in the trace too" } else { "" }
+            )?;
+            writeln!(out, "    {}", message(r, first, device_free))?;
+            let rest: Vec<String> = o.ooms.iter().skip(1).take(8).map(|x| x.request.to_string()).collect();
+            if !rest.is_empty() {
+                writeln!(out, "    later OOMs at requests {}{}", rest.join(", "), if o.ooms.len() > 9 { ", ..." } else { "" })?;
+            }
+        }
+    }
+    if !r.placements.is_empty() {
+        let n = r.placements.len();
+        let fits: Vec<u64> = r.placements.iter().filter(|(_, p)| p.first_oom().is_none()).map(|(_, p)| p.peak_reserved).collect();
+        let n_oom = n - fits.len();
+        let mut line = match (fits.iter().min(), fits.iter().max()) {
+            (Some(lo), Some(hi)) if lo == hi => format!("peak reserved {} in every placement without OOM", format_size(*lo)),
+            (Some(lo), Some(hi)) => format!("peak reserved {}–{} depending on where the driver places segments ({} sampled placements; a sample, not a bound)", format_size(*lo), format_size(*hi), n),
+            _ => String::new(),
+        };
+        if n_oom > 0 {
+            if !line.is_empty() {
+                line.push_str("; ");
+            }
+            line.push_str(&format!("OOM in {n_oom} of {n} placements"));
+        }
+        writeln!(out, "  placements        {line}")?;
+        if placement_independent {
+            writeln!(out, "                    (expandable segments: the decisions do not depend on where segments are placed)")?;
+        }
+        for (name, p) in &r.placements {
+            writeln!(
+                out,
+                "    {name:<11} peak reserved {:>11}   first OOM {}",
+                format_size(p.peak_reserved),
+                p.first_oom().map_or("none".to_string(), |x| format!("at request {x}"))
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `validate`: a replay under the trace's own settings against its recording.
+pub fn validate(t: Trace<'_>, capacity: Option<u64>, device_memory: Option<u64>) -> Result<ValidateAnswer, Error> {
+    let spec = ReplaySpec { capacity, device_memory, ..ReplaySpec::default() };
+    let r = allocsim_replay::run(t.snapshot, &spec)?;
+    let validation = allocsim_replay::validate(&r);
+    Ok(ValidateAnswer { name: t.name.to_owned(), device: r.device, budget: r.budget.clone(), validation })
+}
+
+/// What `validate` found.
+pub struct ValidateAnswer {
+    pub name: String,
+    pub device: usize,
+    pub budget: allocsim_replay::Budget,
+    pub validation: allocsim_replay::validate::Validation,
+}
+
+impl Answer for ValidateAnswer {
+    fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
+        let v = &self.validation;
+        writeln!(out, "{} (device {}): replay under its own settings against the recording", self.name, self.device)?;
+        for line in budget_lines(&self.budget) {
+            writeln!(out, "  budget           {line}")?;
+        }
+        for (name, a) in [
+            ("segment events", &v.segment_events),
+            ("OOMs", &v.ooms),
+            ("alloc addresses", &v.alloc_addresses),
+            ("final segments", &v.final_segments),
+        ] {
+            writeln!(
+                out,
+                "  {name:<16} {}/{} reproduced{}",
+                a.matched,
+                a.recorded,
+                a.first_divergence.as_ref().map(|d| format!("; first divergence: {d}")).unwrap_or_default()
+            )?;
+        }
+        writeln!(out, "  {}", if v.exact { "exact" } else { "NOT exact" })
+    }
+    fn to_json(&self) -> Value {
+        let mut json = serde_json::to_value(&self.validation).expect("JSON");
+        json["budget"] = self.budget.to_json();
+        json
+    }
+    fn exit_code(&self) -> i32 {
+        if self.validation.exact { 0 } else { 1 }
+    }
+}

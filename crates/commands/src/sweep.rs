@@ -1,0 +1,315 @@
+//! `sweep`: every config of a grid, ranked (logic: `allocsim_whatif::sweep`).
+
+use std::io::{self, Write};
+
+use allocsim_model::AllocatorConfig;
+use allocsim_model::format::format_size;
+use allocsim_replay::Prepared;
+use allocsim_whatif::grid::{DEFAULT_GRID, GridPoint, parse_grid};
+use allocsim_whatif::sweep::{Row, replay_count};
+use comfy_table::{Table, presets};
+use serde_json::{Value, json};
+
+use crate::{Answer, Error, Trace, TraceOptions};
+
+/// `sweep`'s question.
+#[derive(Clone, Debug)]
+pub struct SweepOptions {
+    pub trace: TraceOptions,
+    /// The allowed maximum to sweep under; default: the trace's own budget (inferred from it),
+    /// else the whole device.
+    pub capacity: Option<u64>,
+    /// `key=v1,v2; key2=...` (`none` leaves a key out); default: [`DEFAULT_GRID`].
+    pub grid: Option<String>,
+    /// Settings put before every grid point (e.g. `large_segment_size_mb:64`).
+    pub base: String,
+    /// Segment placements per config (expandable-segment configs need one).
+    pub placements: usize,
+    /// How many rows the text shows.
+    pub top: usize,
+}
+
+impl Default for SweepOptions {
+    fn default() -> Self {
+        SweepOptions { trace: TraceOptions::default(), capacity: None, grid: None, base: String::new(), placements: 4, top: 15 }
+    }
+}
+
+/// The grid points of these options (PyTorch's rules reject invalid ones as rows, not here).
+pub fn grid_points(a: &SweepOptions) -> Result<Vec<GridPoint>, Error> {
+    parse_grid(a.grid.as_deref().unwrap_or(DEFAULT_GRID), &a.base).map_err(Error::Usage)
+}
+
+/// How many replays [`sweep`] makes at most (for a progress bar).
+pub fn replays(a: &SweepOptions, points: &[GridPoint]) -> usize {
+    replay_count(points, a.placements)
+}
+
+/// `sweep`; `progress` is called once per finished replay.
+pub fn sweep(t: Trace<'_>, a: &SweepOptions, progress: &(dyn Fn() + Sync)) -> Result<SweepAnswer, Error> {
+    let p = a.trace.prepare(t.snapshot)?;
+    let points = grid_points(a)?;
+    let t0 = std::time::Instant::now();
+    let limits = p.limits(a.capacity);
+    let rows = allocsim_whatif::sweep::sweep(&p, &points, &limits, a.placements, progress);
+    // An allowed maximum known as an interval: the outcomes at its two ends say which answers
+    // depend on where in it the real one lies.
+    let ends = match (a.capacity, p.budget.allowed_low, p.budget.allowed_high) {
+        (None, Some(lo), Some(hi)) if p.budget.allowed_is_interval() => Some((lo, hi)),
+        _ => None,
+    };
+    let depends: Vec<String> = match ends {
+        Some((lo, hi)) => {
+            let at = |c: u64| allocsim_whatif::sweep::sweep(&p, &points, &p.limits_at(c), a.placements, &|| {});
+            allocsim_whatif::sweep::depends_on_limits(&[&rows, &at(lo), &at(hi)])
+        }
+        None => Vec::new(),
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    // Which iteration each outcome's reserved memory peaks in (when the trace has iterations).
+    let layout = allocsim_phases::Layout::of(&p, None).ok().filter(|l| l.iterations.len() > 1);
+    Ok(SweepAnswer { name: t.name.to_owned(), options: a.clone(), prepared: p, points, rows, secs, ends, depends, layout })
+}
+
+/// What `sweep` found.
+pub struct SweepAnswer {
+    pub name: String,
+    pub options: SweepOptions,
+    pub prepared: Prepared,
+    pub points: Vec<GridPoint>,
+    /// Best first, rejected configs last.
+    pub rows: Vec<Row>,
+    pub secs: f64,
+    /// The ends of an inferred allowed maximum, when it is an interval.
+    pub ends: Option<(u64, u64)>,
+    /// The configs whose outcome differs between those ends.
+    pub depends: Vec<String>,
+    layout: Option<allocsim_phases::Layout>,
+}
+
+impl SweepAnswer {
+    /// The iteration holding a request (when the trace has iterations).
+    fn iteration_of(&self, q: Option<u32>) -> Option<usize> {
+        self.layout.as_ref().and_then(|l| l.iteration_of_request(q?))
+    }
+
+    /// `sweep --csv`.
+    pub fn write_csv(&self, out: &mut dyn Write) -> io::Result<()> {
+        write_sweep_csv(out, &self.rows)
+    }
+}
+
+impl Answer for SweepAnswer {
+    fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
+        write_sweep_text(out, self, &self.prepared, &self.points, &self.rows, self.secs, self.ends.map(|e| (e, self.depends.as_slice())), &|q| self.iteration_of(q))
+    }
+    fn to_json(&self) -> Value {
+        let (a, rows, p) = (&self.options, &self.rows, &self.prepared);
+        let mut rows_json = serde_json::to_value(rows).expect("JSON");
+        for (r, row) in rows.iter().zip(rows_json.as_array_mut().expect("rows")) {
+            for (o, out) in r.outcomes.iter().zip(row["outcomes"].as_array_mut().expect("outcomes")) {
+                out["peak_reserved_iteration"] = json!(self.iteration_of(o.peak_reserved_request));
+            }
+        }
+        json!({
+            "trace": self.name,
+            "capacity": a.capacity,
+            "grid": a.grid.as_deref().unwrap_or(DEFAULT_GRID),
+            "placements": a.placements,
+            "seconds": self.secs,
+            "iterations": self.layout.as_ref().map(|l| l.iterations.len()),
+            "rows": rows_json,
+            "could_swap_with_next": allocsim_whatif::sweep::placement_sensitive_pairs(rows),
+            "allowed_maximum_used": p.limits(a.capacity).capacity,
+            "budget": p.budget.to_json(),
+            "depends_on_allowed_maximum": self.depends,
+        })
+    }
+}
+
+fn oom_cell(p: &Prepared, row: &Row) -> String {
+    let n = row.outcomes.len();
+    let k = row.placements_with_oom();
+    if k == 0 {
+        return "no".into();
+    }
+    let (lo, _) = row.first_oom_range();
+    let lo = lo.unwrap_or(0);
+    let req = &p.program.requests[lo as usize];
+    let mut s = format!("request {lo} ({})", format_size(req.size));
+    if let Some(site) = p.call_site(lo) {
+        s.push_str(&format!("\n  at {site}"));
+    }
+    if n > 1 {
+        s = format!("{k}/{n} placements; first at {s}");
+    }
+    s
+}
+
+fn range(r: Option<(u64, u64)>) -> String {
+    match r {
+        Some((lo, hi)) if format_size(lo) == format_size(hi) => format_size(lo),
+        Some((lo, hi)) => format!("{}–{}", format_size(lo), format_size(hi)),
+        None => "-".into(),
+    }
+}
+
+/// `sweep --csv`: one row per config, best first.
+fn write_sweep_csv(out: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
+    writeln!(out, "rank,config,rejected,placements,placements_with_oom,first_oom_min,first_oom_max,peak_reserved_min,peak_reserved_max,peak_allocated,retries,syncs,device_alloc,device_free,device_call_ms")?;
+    for (i, r) in rows.iter().enumerate() {
+        let w = r.worst();
+        let (lo, hi) = r.first_oom_range();
+        let (pl, ph) = r.peak_reserved_range().unwrap_or((0, 0));
+        writeln!(
+            out,
+            "{},\"{}\",\"{}\",{},{},{},{},{},{},{},{},{},{},{},{:.3}",
+            i + 1,
+            r.conf,
+            r.rejected.clone().unwrap_or_default().replace('"', "'"),
+            r.outcomes.len(),
+            r.placements_with_oom(),
+            lo.map_or(String::new(), |x| x.to_string()),
+            hi.map_or(String::new(), |x| x.to_string()),
+            pl,
+            ph,
+            w.map_or(0, |w| w.peak_allocated),
+            w.map_or(0, |w| w.num_alloc_retries),
+            w.map_or(0, |w| w.num_sync_all_streams),
+            w.map_or(0, |w| w.num_device_alloc),
+            w.map_or(0, |w| w.num_device_free),
+            w.map_or(0.0, |w| w.device_call_us / 1000.0)
+        )?;
+    }
+    Ok(())
+}
+
+/// `sweep` as text: the table of the `a.top` best configs, the rejected ones, the recommendation.
+/// `interval`: the ends of an inferred allowed maximum and the configs whose outcome differs
+/// between them; `iteration_of`: the iteration holding a request (when the trace has iterations).
+fn write_sweep_text(
+    out: &mut dyn Write,
+    s: &SweepAnswer,
+    p: &Prepared,
+    points: &[GridPoint],
+    rows: &[Row],
+    secs: f64,
+    interval: Option<((u64, u64), &[String])>,
+    iteration_of: &dyn Fn(Option<u32>) -> Option<usize>,
+) -> io::Result<()> {
+    let a = &s.options;
+    let limits = p.limits(a.capacity);
+    let valid = rows.iter().filter(|r| r.rejected.is_none()).count();
+    let shared = rows.iter().flat_map(|r| &r.outcomes).filter(|o| o.same_as.is_some()).count();
+    writeln!(
+        out,
+        "{}: {} requests, {} configs ({} placements each, expandable segments once), {} outcomes under {} ({} replayed; {} shared with a config that cannot behave differently on this trace); {:.1} s",
+        s.name,
+        p.program.requests.len(),
+        valid,
+        a.placements,
+        replay_count(points, a.placements),
+        match (a.capacity, limits.capacity, limits.outside.is_empty()) {
+            (Some(c), _, _) => format!("a {} cap", format_size(c)),
+            (None, Some(c), _) => format!("the trace's own allowed maximum, {} (inferred)", format_size(c)),
+            (None, None, false) => "the trace's own budget (a full device, inferred)".to_string(),
+            (None, None, true) => "no cap".to_string(),
+        },
+        replay_count(points, a.placements) - shared,
+        shared,
+        secs
+    )?;
+    let mut t = Table::new();
+    t.load_style(presets::UTF8_FULL_CONDENSED);
+    let with_iterations = rows.iter().flat_map(|r| &r.outcomes).any(|o| iteration_of(o.peak_reserved_request).is_some());
+    let mut header = vec!["#", "config", "OOM", "peak reserved"];
+    if with_iterations {
+        header.push("in iteration");
+    }
+    header.extend(["reserved − allocated", "retries", "syncs", "cudaMalloc/free (map/unmap)", "device time"]);
+    t.set_header(header);
+    for (i, r) in rows.iter().filter(|r| r.rejected.is_none()).take(a.top).enumerate() {
+        let w = r.worst().unwrap();
+        // The iterations where the placements' peaks fall (one, usually).
+        let mut its: Vec<usize> = r.outcomes.iter().filter_map(|o| iteration_of(o.peak_reserved_request)).collect();
+        its.sort_unstable();
+        its.dedup();
+        let mut cells = vec![
+            (i + 1).to_string(),
+            if r.conf.is_empty() { "(defaults)".into() } else { r.conf.replace(',', ", ") },
+            oom_cell(p, r),
+            range(r.peak_reserved_range()),
+        ];
+        if with_iterations {
+            cells.push(its.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", "));
+        }
+        cells.extend([
+            format_size(w.peak_reserved.saturating_sub(w.peak_allocated)),
+            w.num_alloc_retries.to_string(),
+            w.num_sync_all_streams.to_string(),
+            format!("{} / {}", w.num_device_alloc, w.num_device_free),
+            format!("{:.1} ms", w.device_call_us / 1000.0),
+        ]);
+        t.add_row(cells);
+    }
+    writeln!(out, "{t}")?;
+    if a.capacity.is_none() {
+        for line in crate::budget_lines(&p.budget) {
+            writeln!(out, "budget: {line}")?;
+        }
+    }
+    match interval {
+        Some(((lo, hi), depends)) if depends.is_empty() => writeln!(
+            out,
+            "every outcome above is the same at both ends of the inferred allowed maximum ({}–{})",
+            format_size(lo),
+            format_size(hi)
+        )?,
+        Some(((lo, hi), depends)) => writeln!(
+            out,
+            "depends on where in {}–{} the real allowed maximum lies (the outcome differs between its ends): {}",
+            format_size(lo),
+            format_size(hi),
+            depends.iter().map(|c| if c.is_empty() { "(defaults)" } else { c.as_str() }).collect::<Vec<_>>().join("; ")
+        )?,
+        None => {}
+    }
+    for r in rows.iter().filter(|r| r.rejected.is_some()) {
+        writeln!(out, "rejected by PyTorch: {} — {}", r.conf, r.rejected.as_ref().unwrap())?;
+    }
+    if limits.capacity.is_none() && points.iter().any(|p| p.config.as_ref().is_ok_and(|c| c.gc_enabled())) {
+        writeln!(out, "note: garbage_collection_threshold has no effect without a memory fraction (give --capacity)")?;
+    }
+    // Rankings that placement can flip: adjacent configs whose outcome ranges overlap.
+    let shown: Vec<&Row> = rows.iter().filter(|r| r.rejected.is_none()).take(a.top).collect();
+    let flips = allocsim_whatif::sweep::placement_sensitive_pairs(rows);
+    let flips: Vec<String> = flips.iter().filter(|&&i| i + 1 < a.top).map(|i| format!("#{} and #{}", i + 1, i + 2)).collect();
+    if !flips.is_empty() {
+        writeln!(out, "placement: these neighbours could swap places depending on where the driver puts segments (their ranges overlap): {}", flips.join(", "))?;
+    }
+    if let Some(best) = shown.first() {
+        let own = rows.iter().find(|r| r.rejected.is_none() && p.is_own_under(&AllocatorConfig::parse(&r.conf).unwrap(), &limits));
+        let name = |r: &Row| if r.conf.is_empty() { "the defaults".to_string() } else { r.conf.clone() };
+        let line = match own {
+            Some(o) if std::ptr::eq(o, *best) => format!("recommendation: keep {} (the trace's own settings rank first)", name(best)),
+            Some(o) if o.placements_with_oom() > 0 && best.placements_with_oom() == 0 => format!(
+                "recommendation: {} avoids the OOM that {} runs into at request {} (peak reserved {})",
+                name(best),
+                name(o),
+                o.first_oom_range().0.unwrap_or(0),
+                range(best.peak_reserved_range())
+            ),
+            Some(o) => format!(
+                "recommendation: {} (peak reserved {} vs {} under {})",
+                name(best),
+                range(best.peak_reserved_range()),
+                range(o.peak_reserved_range()),
+                name(o)
+            ),
+            None => format!("recommendation: {} (peak reserved {})", name(best), range(best.peak_reserved_range())),
+        };
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
+}
+
