@@ -246,9 +246,7 @@ impl Memo {
         let i = idx as usize & (PAGE - 1);
         match self.pages.get((idx >> PAGE_BITS) as usize) {
             Some(Some(Page::Full(p))) => p[i],
-            Some(Some(Page::Na(bits))) => {
-                if bits[i / 64] >> (i % 64) & 1 != 0 { NA_CODE } else { 0 }
-            }
+            Some(Some(Page::Na(bits))) if bits[i / 64] >> (i % 64) & 1 != 0 => NA_CODE,
             _ => 0,
         }
     }
