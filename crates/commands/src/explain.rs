@@ -288,6 +288,20 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
     row("rounding inside live blocks (allocated − requested)", f.rounding_waste)?;
     let other_streams: u64 = f.per_pool.iter().filter(|p| p.stream != x.stream).map(|p| p.free).sum();
     row("  free memory cached on other streams", other_streams)?;
+    for pp in &f.private_pools {
+        writeln!(
+            out,
+            "  private pool {:?}: {} reserved ({:.1}% of all) in {} segment{}, {} allocated, {} free{}",
+            pp.pool_id,
+            fs(pp.reserved),
+            100.0 * pp.share_of_reserved,
+            pp.segments,
+            if pp.segments == 1 { "" } else { "s" },
+            fs(pp.allocated),
+            fs(pp.free),
+            if pp.freeable { "; no longer serving requests (its users are gone), held by its live blocks until they go" } else { "" }
+        )?;
+    }
     writeln!(
         out,
         "  usable by this request (stream {}, {pool}): {} free, the largest contiguous block {} (needed {})",
@@ -318,10 +332,11 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
         for s in x.pinned.iter().take(top) {
             writeln!(
                 out,
-                "  {:#x}  {} {}segment, {} free (largest {}), held by {} live block{}:",
+                "  {:#x}  {} {}segment{}, {} free (largest {}), held by {} live block{}:",
                 s.address,
                 fs(s.size),
                 if s.expandable { "expandable " } else { "" },
+                if s.pool_id != (0, 0) { format!(" of private pool {:?}", s.pool_id) } else { String::new() },
                 fs(s.free),
                 fs(s.largest_free_block),
                 s.live.len(),

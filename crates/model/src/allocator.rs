@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use crate::config::AllocatorConfig;
 use crate::constants::*;
 use crate::device::Device;
+use crate::flat_hash_map::MempoolIdSet;
 use crate::free_set::FreeSet;
 use crate::stats::DeviceStats;
 
@@ -85,10 +86,24 @@ pub struct PrivatePool {
     pub id: MempoolId,
     pub large: PoolIdx,
     pub small: PoolIdx,
+    /// Live users (`use_count`): a MemPool object, each `beginAllocateToPool` not yet released,
+    /// each CUDA graph captured into it. At 0 the pool is freeable (`graph_pools_freeable`).
+    pub use_count: i64,
     /// Segments not yet freed (`cudaMalloc_count`).
     pub cuda_malloc_count: i64,
-    /// `use_count` reached 0: `release_cached_blocks` may free its segments.
-    pub freeable: bool,
+    /// Still in `graph_pools` (erased by `release_cached_blocks` once freeable with no segments).
+    pub alive: bool,
+}
+
+/// Which streams a `captures_underway` entry routes to its pool (the `filter` of
+/// `beginAllocateToPool`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolFilter {
+    /// `use_mem_pool` / `_cuda_beginAllocateCurrentThreadToPool`: the calling thread, whatever the
+    /// stream. The model has one thread.
+    CurrentThread,
+    /// A CUDA graph capture (or `_cuda_beginAllocateCurrentStreamToPool`): this stream only.
+    Stream(u64),
 }
 
 /// One `ExpandableSegment`: a reservation of virtual addresses mapped page by page.
@@ -208,8 +223,18 @@ pub struct CachingAllocator<D: Device> {
     next_free_token: u64,
     /// Segment events and OOMs, in order; the caller drains it.
     pub events: Vec<Event>,
-    /// Requests currently routed to a private pool are "captures underway".
-    captures_underway: u32,
+    /// `captures_underway`: (pool, filter) pairs from `beginAllocateToPool`, searched LIFO by
+    /// `get_pool`.
+    pub captures_underway: Vec<(MempoolId, PoolFilter)>,
+    /// Mallocs in progress with an explicit [`Route::Private`] (a replay's inferred routing): they
+    /// count as a capture underway, as the `beginAllocateToPool` that routed them would.
+    routed_private: u32,
+    /// `graph_pools_freeable`, in `ska::flat_hash_map` order.
+    pub graph_pools_freeable: MempoolIdSet,
+    /// `use_on_oom_pools`.
+    pub use_on_oom_pools: MempoolIdSet,
+    /// `no_split_pools`.
+    pub no_split_pools: MempoolIdSet,
     /// Record each malloc's steps into `steps` (for explanations; off by default).
     pub record_steps: bool,
     pub steps: Vec<MallocStep>,
@@ -264,7 +289,11 @@ impl<D: Device> CachingAllocator<D> {
             pending_frees: Vec::new(),
             next_free_token: 0,
             events: Vec::new(),
-            captures_underway: 0,
+            captures_underway: Vec::new(),
+            routed_private: 0,
+            graph_pools_freeable: MempoolIdSet::default(),
+            use_on_oom_pools: MempoolIdSet::default(),
+            no_split_pools: MempoolIdSet::default(),
             record_steps: false,
             steps: Vec::new(),
             largest_size_seen: 0,
@@ -397,39 +426,134 @@ impl<D: Device> CachingAllocator<D> {
         self.pools[pool as usize].is_small
     }
 
-    /// Finds or creates the private pool `id`.
+    /// The live private pool `id` (index into `private_pools`), if `graph_pools` has it.
+    pub fn find_private_pool(&self, id: MempoolId) -> Option<u32> {
+        self.private_pools.iter().rposition(|p| p.alive && p.id == id).map(|i| i as u32)
+    }
+
+    /// Finds or creates the private pool `id` (a new one with `use_count` 1, as
+    /// `create_or_incref_pool` makes it), without changing the use count of an existing one.
     pub fn private_pool(&mut self, id: MempoolId) -> u32 {
-        if let Some(i) = self.private_pools.iter().position(|p| p.id == id) {
-            return i as u32;
+        if let Some(i) = self.find_private_pool(id) {
+            return i;
         }
         let idx = self.private_pools.len() as u32;
         let large = self.pools.len() as PoolIdx;
         self.pools.push(BlockPool::new(false, Some(idx)));
         self.pools.push(BlockPool::new(true, Some(idx)));
-        self.private_pools.push(PrivatePool { id, large, small: large + 1, cuda_malloc_count: 0, freeable: false });
+        self.private_pools.push(PrivatePool { id, large, small: large + 1, use_count: 1, cuda_malloc_count: 0, alive: true });
         idx
     }
 
-    /// `releasePool` down to zero users: the pool's free segments go at the next `release_cached_blocks`.
-    pub fn release_pool(&mut self, id: MempoolId) {
-        let i = self.private_pool(id);
-        self.private_pools[i as usize].freeable = true;
+    /// `create_or_incref_pool`: a new pool with `use_count` 1, or one more user of a live one.
+    pub fn create_or_incref_pool(&mut self, id: MempoolId) {
+        match self.find_private_pool(id) {
+            Some(i) => self.private_pools[i as usize].use_count += 1,
+            None => {
+                self.private_pool(id);
+            }
+        }
     }
 
-    /// `get_pool(size, stream)`.
-    fn get_pool(&mut self, size: u64, route: Route) -> PoolIdx {
+    /// `releasePool`: one user fewer; at 0 the pool enters `graph_pools_freeable`, and the next
+    /// `release_cached_blocks` frees its free segments (and erases it once it has none).
+    pub fn release_pool(&mut self, id: MempoolId) {
+        let i = self.private_pool(id) as usize;
+        let pp = &mut self.private_pools[i];
+        pp.use_count -= 1;
+        if pp.use_count <= 0 {
+            pp.use_count = 0;
+            self.graph_pools_freeable.insert(id);
+        }
+    }
+
+    /// Drops every user of pool `id` at once (`releasePool` until `use_count` is 0): for a replay
+    /// that sees a pool's segments released without seeing its users go.
+    pub fn release_pool_fully(&mut self, id: MempoolId) {
+        let i = self.private_pool(id) as usize;
+        self.private_pools[i].use_count = 1;
+        self.release_pool(id);
+    }
+
+    /// `beginAllocateToPool(id, filter)`: creates or increfs the pool and routes the matching
+    /// streams' allocations to it until `endAllocateToPool`.
+    pub fn begin_allocate_to_pool(&mut self, id: MempoolId, filter: PoolFilter) {
+        self.create_or_incref_pool(id);
+        self.captures_underway.push((id, filter));
+    }
+
+    /// `endAllocateToPool(id)`: stops routing to the pool (its use count is left to `releasePool`).
+    pub fn end_allocate_to_pool(&mut self, id: MempoolId) {
+        if let Some(k) = self.captures_underway.iter().position(|c| c.0 == id) {
+            self.captures_underway.remove(k);
+        }
+    }
+
+    /// `setUseOnOOM(id, use_on_oom)`.
+    pub fn set_use_on_oom(&mut self, id: MempoolId, use_on_oom: bool) {
+        if use_on_oom {
+            self.use_on_oom_pools.insert(id);
+        } else {
+            self.use_on_oom_pools.remove(id);
+        }
+    }
+
+    /// `setNoSplit(id)`.
+    pub fn set_no_split(&mut self, id: MempoolId) {
+        self.no_split_pools.insert(id);
+    }
+
+    /// `torch.cuda.MemPool(use_on_oom, no_split)`: the constructor's `createOrIncrefPool`,
+    /// `setUseOnOOM`, `setNoSplit`.
+    pub fn mem_pool_new(&mut self, id: MempoolId, use_on_oom: bool, no_split: bool) {
+        self.create_or_incref_pool(id);
+        if use_on_oom {
+            self.set_use_on_oom(id, true);
+        }
+        if no_split {
+            self.set_no_split(id);
+        }
+    }
+
+    /// `MemPool::~MemPool`: `setUseOnOOM(id, false)`, `releasePool(id)`, `emptyCache(id)`.
+    pub fn mem_pool_drop(&mut self, id: MempoolId) {
+        self.set_use_on_oom(id, false);
+        self.release_pool(id);
+        self.release_cached_blocks_of(Some(id));
+    }
+
+    /// Whether any allocation routing is active (`!captures_underway.empty()`).
+    fn capture_underway(&self) -> bool {
+        !self.captures_underway.is_empty() || self.routed_private > 0
+    }
+
+    /// `get_pool(size, stream)`: an explicit route, else the last `captures_underway` entry whose
+    /// filter takes `stream`, else the default pools.
+    fn get_pool(&mut self, size: u64, stream: u64, route: Route) -> PoolIdx {
         if let Route::Private(id) = route {
             self.private_pool(id);
         }
-        self.pool_of(size, route).expect("the private pool exists")
+        self.pool_of(size, stream, route).expect("the private pool exists")
     }
 
     /// The pool `get_pool` picks, without making a private pool that does not exist yet (`None`).
-    fn pool_of(&self, size: u64, route: Route) -> Option<PoolIdx> {
-        match route {
-            Route::Default => Some(if size <= K_SMALL_SIZE { SMALL_POOL } else { LARGE_POOL }),
-            Route::Private(id) => {
-                let pp = self.private_pools.iter().find(|p| p.id == id)?;
+    fn pool_of(&self, size: u64, stream: u64, route: Route) -> Option<PoolIdx> {
+        let id = match route {
+            Route::Private(id) => Some(id),
+            Route::Default => self
+                .captures_underway
+                .iter()
+                .rev()
+                .find(|(_, f)| match f {
+                    PoolFilter::CurrentThread => true,
+                    PoolFilter::Stream(s) => *s == stream,
+                })
+                .map(|c| c.0),
+        };
+        match id {
+            None => Some(if size <= K_SMALL_SIZE { SMALL_POOL } else { LARGE_POOL }),
+            Some(id) => {
+                let pp = &self.private_pools[self.find_private_pool(id)? as usize];
                 Some(if size <= K_SMALL_SIZE { pp.small } else { pp.large })
             }
         }
@@ -440,7 +564,7 @@ impl<D: Device> CachingAllocator<D> {
     /// Changes nothing.
     pub fn finds_cached_block(&self, orig_size: u64, stream: u64, route: Route) -> bool {
         let size = self.config.round_size(orig_size);
-        let Some(pool) = self.pool_of(size, route) else { return false };
+        let Some(pool) = self.pool_of(size, stream, route) else { return false };
         let p = AllocParams {
             size,
             stream,
@@ -464,7 +588,7 @@ impl<D: Device> CachingAllocator<D> {
     pub fn malloc(&mut self, orig_size: u64, stream: u64, route: Route) -> Result<BlockId, OutOfMemory> {
         let size = self.config.round_size(orig_size);
         self.note_size(size);
-        let pool = self.get_pool(size, route);
+        let pool = self.get_pool(size, stream, route);
         let alloc_size = self.config.get_allocation_size(size);
         // No custom allocators are modelled, so expandable segments are active in every pool.
         let mut p = AllocParams {
@@ -475,9 +599,9 @@ impl<D: Device> CachingAllocator<D> {
             is_expandable_segments_active: self.config.expandable_segments,
             block: NIL,
         };
-        let capturing = matches!(route, Route::Private(_));
-        if capturing {
-            self.captures_underway += 1;
+        let routed = matches!(route, Route::Private(_));
+        if routed {
+            self.routed_private += 1;
         }
         // trigger_free_memory_callbacks() frees nothing in a model, so the second lookup never runs.
         let mut found = self.get_free_block(&mut p);
@@ -495,10 +619,13 @@ impl<D: Device> CachingAllocator<D> {
                     self.steps.push(MallocStep::GarbageCollection { segments, bytes });
                 }
             }
-            // alloc_block || try_mempool_fallback (use_on_oom pools are not modelled)
+            // alloc_block || try_mempool_fallback
             //   || (release_available_cached_blocks && alloc_block)
             //   || (no capture underway && release_cached_blocks && alloc_block(isRetry))
             found = self.alloc_block(&mut p, false);
+            if !found {
+                found = self.try_mempool_fallback(&mut p);
+            }
             if !found {
                 let e0 = self.events.len();
                 let enough = self.release_available_cached_blocks(&p);
@@ -508,7 +635,7 @@ impl<D: Device> CachingAllocator<D> {
                 }
                 found = enough && self.alloc_block(&mut p, false);
             }
-            if !found && self.captures_underway == 0 {
+            if !found && !self.capture_underway() {
                 let e0 = self.events.len();
                 let pending = self.pending_frees.len() as u32;
                 self.release_cached_blocks();
@@ -519,8 +646,8 @@ impl<D: Device> CachingAllocator<D> {
                 found = self.alloc_block(&mut p, true);
             }
         }
-        if capturing {
-            self.captures_underway -= 1;
+        if routed {
+            self.routed_private -= 1;
         }
         if !found {
             let (device_free, device_total) = self.device.mem_get_info();
@@ -529,6 +656,7 @@ impl<D: Device> CachingAllocator<D> {
             let allocated_in_private_pools = self
                 .private_pools
                 .iter()
+                .filter(|pp| pp.alive)
                 .flat_map(|pp| [pp.large, pp.small])
                 .map(|pi| self.pools[pi as usize].blocks.values().map(|id| self.b(id).size).sum::<u64>())
                 .sum();
@@ -548,6 +676,51 @@ impl<D: Device> CachingAllocator<D> {
         }
         let split_remainder = self.should_split(p.block, p.size, p.is_expandable_segments_active);
         Ok(self.alloc_found_block(&p, orig_size, split_remainder))
+    }
+
+    /// `try_mempool_fallback` (2.11: right after the first `alloc_block` fails): unless the request
+    /// already goes to a private pool, look for a cached block in each `use_on_oom` pool (in
+    /// `use_on_oom_pools` order) as if routed there (`beginAllocateToPool` … `releasePool`), with
+    /// expandable segments inactive; the first hit serves the request from that pool.
+    fn try_mempool_fallback(&mut self, p: &mut AllocParams) -> bool {
+        if self.pools[p.pool as usize].owner_private_pool.is_some() {
+            return false;
+        }
+        for id in self.use_on_oom_pools.keys() {
+            let Some(i) = self.find_private_pool(id) else { continue };
+            let pp = &self.private_pools[i as usize];
+            let pool = if p.size <= K_SMALL_SIZE { pp.small } else { pp.large };
+            let mut mp = AllocParams { size: p.size, stream: p.stream, pool, alloc_size: p.alloc_size, is_expandable_segments_active: false, block: NIL };
+            if self.get_free_block(&mut mp) {
+                *p = mp;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// One step of `setSegmentStateToCheckpoint` (`_cuda_setCheckpointPoolState`, which
+    /// CUDA-graph trees call before recording from a checkpoint): the free block that starts at
+    /// `ptr` is taken out of its pool and allocated with `size` bytes, split if it is larger
+    /// (`alloc_found_block(params, size, ctx, curr_block->size > size)`). The trace records it as
+    /// an `alloc` of `size` at `ptr`. `None` if no free block starts there or it is too small.
+    pub fn alloc_checkpointed_block(&mut self, ptr: u64, size: u64) -> Option<BlockId> {
+        let id = self.pools.iter().find_map(|pool| pool.blocks.values().find(|&b| self.b(b).ptr == ptr))?;
+        let b = self.b(id);
+        if b.size < size {
+            return None;
+        }
+        let p = AllocParams {
+            size,
+            stream: b.stream,
+            pool: b.pool,
+            alloc_size: size,
+            is_expandable_segments_active: b.expandable_segment.is_some(),
+            block: id,
+        };
+        let split = b.size > size;
+        self.erase_from_blocks(id);
+        Some(self.alloc_found_block(&p, size, split))
     }
 
     /// `get_free_block`: best fit on (stream, size, address), looking at the first candidate only.
@@ -612,6 +785,13 @@ impl<D: Device> CachingAllocator<D> {
     /// `should_split`.
     fn should_split(&self, block: BlockId, size: u64, is_expandable_segments_active: bool) -> bool {
         let b = self.b(block);
+        // A pool made with no_split never splits a segment.
+        if !self.no_split_pools.is_empty()
+            && let Some(pp) = self.pools[b.pool as usize].owner_private_pool
+            && self.no_split_pools.contains(self.private_pools[pp as usize].id)
+        {
+            return false;
+        }
         let remaining = b.size - size;
         if self.is_small(b.pool) || is_expandable_segments_active {
             remaining >= K_MIN_BLOCK_SIZE
@@ -914,33 +1094,67 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
-    /// `release_cached_blocks` (also `empty_cache()`): synchronize, then free every completely free
-    /// segment (and unmap free expandable pages), large pool first, then freeable private pools.
+    /// `release_cached_blocks(mempool_id = {0,0})` (also `empty_cache()`): with no capture
+    /// underway, synchronize, then free every completely free segment (and unmap free expandable
+    /// pages) of the default pools, large first; then those of every freeable private pool.
     pub fn release_cached_blocks(&mut self) -> bool {
-        if self.captures_underway == 0 {
+        self.release_cached_blocks_of(None)
+    }
+
+    /// `release_cached_blocks(context, mempool_id)`. `None` is the default id `{0,0}`. With a
+    /// private pool's id (the MemPool destructor's `emptyCache(id)`), only that pool, if freeable:
+    /// its own events synchronized, its segments freed. The freeable pools are visited in
+    /// `graph_pools_freeable` order, small pool before large; a pool left with no segments is
+    /// erased from `graph_pools`.
+    pub fn release_cached_blocks_of(&mut self, mempool_id: Option<MempoolId>) -> bool {
+        if mempool_id.is_none() && !self.capture_underway() {
             self.synchronize_and_free_events();
             self.release_blocks(LARGE_POOL);
             self.release_blocks(SMALL_POOL);
         }
-        for i in 0..self.private_pools.len() {
-            if self.private_pools[i].freeable {
-                let (small, large) = (self.private_pools[i].small, self.private_pools[i].large);
-                self.release_blocks(small);
-                self.release_blocks(large);
+        let mut freeable = std::mem::take(&mut self.graph_pools_freeable);
+        freeable.visit_erasing(|id| {
+            if let Some(only) = mempool_id {
+                if id != only {
+                    return false;
+                }
+                self.synchronize_and_free_events_of(Some(id));
             }
-        }
+            let Some(i) = self.find_private_pool(id) else { return true };
+            let (small, large) = (self.private_pools[i as usize].small, self.private_pools[i as usize].large);
+            self.release_blocks(small);
+            self.release_blocks(large);
+            if self.private_pools[i as usize].cuda_malloc_count == 0 {
+                self.private_pools[i as usize].alive = false;
+                return true;
+            }
+            false
+        });
+        self.graph_pools_freeable = freeable;
         true
     }
 
-    /// `empty_cache()`.
+    /// `empty_cache()` (`emptyCache({0,0})`).
     pub fn empty_cache(&mut self) {
         self.release_cached_blocks();
     }
 
     /// `synchronize_and_free_events`: every outstanding cross-stream free completes.
     pub fn synchronize_and_free_events(&mut self) {
+        self.synchronize_and_free_events_of(None);
+    }
+
+    /// `synchronize_and_free_events(context, pool)`: with a pool, only the events of that private
+    /// pool's blocks.
+    fn synchronize_and_free_events_of(&mut self, pool: Option<MempoolId>) {
         self.stats.num_sync_all_streams += 1;
-        for (b, _) in std::mem::take(&mut self.pending_frees) {
+        let owner = pool.and_then(|id| self.find_private_pool(id));
+        let pending = std::mem::take(&mut self.pending_frees);
+        for (b, t) in pending {
+            if pool.is_some() && (owner.is_none() || self.pools[self.b(b).pool as usize].owner_private_pool != owner) {
+                self.pending_frees.push((b, t));
+                continue;
+            }
             self.bm(b).event_count = 0;
             self.free_block(b);
         }

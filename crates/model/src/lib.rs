@@ -12,10 +12,11 @@ mod config_parse;
 pub mod constants;
 pub mod device;
 pub mod format;
+pub mod flat_hash_map;
 pub mod free_set;
 pub mod stats;
 
-pub use allocator::{BlockId, CachingAllocator, Event, EventKind, OutOfMemory, Route};
+pub use allocator::{BlockId, CachingAllocator, Event, EventKind, OutOfMemory, PoolFilter, Route};
 pub use config::{AllocatorConfig, ConfigError};
 pub use device::{Device, Placement, SimDevice};
 pub use stats::DeviceStats;

@@ -17,12 +17,17 @@
 //! * config-error cases (`err_*`): `AllocatorConfig::parse` returns the recorded message (without
 //!   the `ValueError: ` prefix).
 //!
-//! Cases the model cannot express are skipped (listed in the output): those with MemPool /
-//! CUDA-graph ops (`pool_enter`, `pool_exit`, `pool_del`, `graph`, `graph_del`): `mempool`,
-//! `graph_pool`, `mempool_use_on_oom`, `mempool_no_split`, `expandable_pool_disable`. They need
-//! MemPool use counts (and the extra synchronize of the MemPool destructor), graph capture with
-//! its capturing-stream filter, `use_on_oom` fallback and `no_split` pools, none of which the
-//! model's `Route::Private` / `release_pool` surface expresses.
+//! MemPool and CUDA-graph ops drive the private-pool calls PyTorch makes for them:
+//! * `pool_enter` (first use of a pool: `torch.cuda.MemPool(use_on_oom, no_split)`, that is
+//!   `create_or_incref_pool`, `set_use_on_oom`, `set_no_split`; then `use_mem_pool`:
+//!   `begin_allocate_to_pool` with the calling thread's filter), `pool_exit`
+//!   (`end_allocate_to_pool` + `release_pool`), `pool_del` (`MemPool::~MemPool`:
+//!   `release_pool` + `emptyCache(id)`);
+//! * `graph` (`torch.cuda.graph`: `empty_cache()`, the capture's two 8-byte generator-state
+//!   tensors in the default pool on the capture stream, `begin_allocate_to_pool` with the capture
+//!   stream's filter, the listed allocations, all but the last (the graph's output) freed in
+//!   reverse, `end_allocate_to_pool`), `graph_del` (the output and the generator-state tensors
+//!   freed, `release_pool`). The capture stream is read off the recorded trace.
 //!
 //! Cases in [`KNOWN_FAILURES`] are known disagreements between the model and the recorded truth;
 //! they are reported but do not fail the test. Remove an entry once the model is fixed (the test
@@ -35,7 +40,7 @@ use std::collections::{BTreeMap, HashMap};
 use allocsim_model::allocator::{Block, SegmentView};
 use allocsim_model::constants::{MIB, ROUNDUP_INTERVALS};
 use allocsim_model::format::oom_message;
-use allocsim_model::{AllocatorConfig, BlockId, CachingAllocator, EventKind, Placement, Route, SimDevice};
+use allocsim_model::{AllocatorConfig, BlockId, CachingAllocator, EventKind, Placement, PoolFilter, Route, SimDevice};
 use serde_json::Value;
 
 #[path = "../../../tests/support/reference.rs"]
@@ -47,11 +52,8 @@ const ORACLE_FILES: &[&str] = &["oracle_cases_2.11.json", "oracle_cases_extra_2.
 /// reports them but passes. Remove an entry when the model is fixed.
 const KNOWN_FAILURES: &[(&str, &str)] = &[];
 
-/// Cases the model expresses: all but the five that use MemPool / CUDA-graph ops.
-const EXPRESSIBLE_CASES: usize = reference::PROBE_CASES - 5;
-
-/// Ops that make a case inexpressible by the model (see the module docs).
-const UNSUPPORTED_OPS: &[&str] = &["pool_enter", "pool_exit", "pool_del", "graph", "graph_del"];
+/// Cases the model expresses: all of them.
+const EXPRESSIBLE_CASES: usize = reference::PROBE_CASES;
 
 /// At most this many mismatch lines are kept per case.
 const MAX_MISMATCHES: usize = 40;
@@ -505,6 +507,17 @@ fn stream_values(events: &[Value]) -> HashMap<String, u64> {
     out
 }
 
+/// The stream a `graph` op captured on: the stream of the first recorded allocation on a stream
+/// no `alloc_s` names (the capture stream is torch's own side stream).
+fn capture_stream(events: &[Value]) -> u64 {
+    let named: Vec<u64> = stream_values(events).into_values().collect();
+    last_trace(events)
+        .and_then(|(_, tr)| {
+            tr.iter().filter(|t| t["action"] == "alloc").map(|t| u(&t["stream"])).find(|&s| s != 0 && !named.contains(&s))
+        })
+        .expect("a graph case's trace shows its capture stream")
+}
+
 /// For each cross-stream free (free after record_stream), the op index of the malloc at whose
 /// start its events had completed (the real allocator's `process_events`), read off the recorded
 /// trace; `None` = completed by a synchronize the model performs itself (empty_cache), or never.
@@ -638,12 +651,6 @@ fn run_case(case: &Value, use_parser: bool) -> Outcome {
     let mut out: Vec<String> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
 
-    for ev in events {
-        let (op, _) = op_of(ev);
-        if UNSUPPORTED_OPS.contains(&op) {
-            return Outcome::Skip(format!("uses `{op}` (MemPool/CUDA-graph private pools are not expressible by the model)"));
-        }
-    }
 
     // --- configuration -------------------------------------------------------------------
     let env = &case["env"];
@@ -720,6 +727,10 @@ fn run_case(case: &Value, use_parser: bool) -> Outcome {
     let mut events_from = 0usize;
 
     let mut tags: HashMap<String, (BlockId, u64)> = HashMap::new();
+    // MemPools by name, the pools entered (innermost last), and each graph's live blocks.
+    let mut mempools: HashMap<String, (i64, i64)> = HashMap::new();
+    let mut entered: Vec<(i64, i64)> = Vec::new();
+    let mut graphs: HashMap<String, ((i64, i64), Vec<BlockId>)> = HashMap::new();
     // What was compared: states, pointers, OOM messages, snapshots, trace segment/oom events.
     let (mut n_states, mut n_ptrs, mut n_ooms, mut n_snaps, mut n_trace) = (0, 0, 0, 0, 0);
 
@@ -802,6 +813,50 @@ fn run_case(case: &Value, use_parser: bool) -> Outcome {
                 }
             }
             "empty_cache" => a.empty_cache(),
+            "pool_enter" => {
+                let id = pair(&ev["pool_id"]);
+                let opt = |k: &str| args.get(1).and_then(|o| o.get(k)).and_then(|v| v.as_bool()).unwrap_or(false);
+                if !mempools.contains_key(args[0].as_str().unwrap()) {
+                    a.mem_pool_new(id, opt("use_on_oom"), opt("no_split"));
+                    mempools.insert(args[0].as_str().unwrap().to_string(), id);
+                }
+                a.begin_allocate_to_pool(id, PoolFilter::CurrentThread);
+                entered.push(id);
+            }
+            "pool_exit" => {
+                let id = entered.pop().expect("pool_exit without pool_enter");
+                a.end_allocate_to_pool(id);
+                a.release_pool(id);
+            }
+            "pool_del" => {
+                let id = mempools.remove(args[0].as_str().unwrap()).expect("pool_del of an unknown pool");
+                a.mem_pool_drop(id);
+            }
+            "graph" => {
+                let id = pair(&ev["pool_id"]);
+                let cs = capture_stream(events);
+                a.empty_cache();
+                let mut live = Vec::new();
+                for _ in 0..2 {
+                    live.push(a.malloc(8, cs, Route::Default).expect("generator state"));
+                }
+                a.begin_allocate_to_pool(id, PoolFilter::Stream(cs));
+                let sizes: Vec<u64> = args[1].as_array().unwrap().iter().map(u).collect();
+                let blocks: Vec<BlockId> = sizes.iter().map(|&sz| a.malloc(sz, cs, Route::Default).expect("capture allocation")).collect();
+                for &b in blocks[..blocks.len() - 1].iter().rev() {
+                    a.free(b, false);
+                }
+                a.end_allocate_to_pool(id);
+                live.insert(0, *blocks.last().unwrap());
+                graphs.insert(args[0].as_str().unwrap().to_string(), (id, live));
+            }
+            "graph_del" => {
+                let (id, live) = graphs.remove(args[0].as_str().unwrap()).expect("graph_del of an unknown graph");
+                for b in live {
+                    a.free(b, false);
+                }
+                a.release_pool(id);
+            }
             "fraction" => a.set_memory_fraction(args[0].as_f64().unwrap()),
             "fraction_bytes" => match ev.get("fraction").and_then(|f| f.as_f64()) {
                 // set_per_process_memory_fraction(f) with the f the script passed: allowed = (size_t)(f * total).

@@ -459,6 +459,7 @@ mod tests {
                 recorded_addr: 0,
                 trace_index: i as u32,
                 stack: e.stack,
+                checkpoint: false,
             })
             .collect()
     }

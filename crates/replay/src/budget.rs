@@ -732,6 +732,7 @@ fn refine(trace: &[TraceEntry], program: &Program, opts: &ReplayOptions, mut lo:
     let mut out = Refined { lo, hi, from: Vec::new(), unexplained: Vec::new(), gaps: false };
     let device = SimDevice::new(opts.device_memory, opts.placement.clone());
     let mut st = Stepper::new(opts, device, VecSlots::new(program.requests.len()), &program.private_pools, program.initial.as_ref());
+    st.set_pool_actions(&program.pool_actions);
     let mut inference = Inference::default();
     let mut a = hi;
     st.alloc.allowed_memory_maximum = Some(a);

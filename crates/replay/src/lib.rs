@@ -5,6 +5,7 @@
 pub mod budget;
 pub mod live;
 pub mod oom;
+pub mod pools;
 pub mod check;
 pub mod devices;
 pub mod program;
@@ -16,7 +17,7 @@ pub mod stream;
 pub mod validate;
 pub mod version;
 
-pub use program::{Op, Program, Request};
+pub use program::{Op, PoolAction, Program, Request};
 pub use budget::{Budget, BudgetKind};
 pub use replay::{EmptyCacheCalls, OutsideMemory, ReplayOptions, ReplayOutcome, plausible_placements, recorded_placement, replay, replay_observed, replay_on};
 pub use run::{Prepared, ReplaySpec, ReplaySummary, Replayed, RunError, recorded_config, run};

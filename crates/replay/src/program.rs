@@ -44,6 +44,22 @@ pub struct Request {
     /// Index of the entry in the device trace.
     pub trace_index: u32,
     pub stack: StackId,
+    /// An allocation `_cuda_setCheckpointPoolState` made (CUDA-graph trees restoring a pool to a
+    /// checkpoint, see `crate::pools`): the free block at `recorded_addr` taken whole or split,
+    /// not a `malloc`.
+    pub checkpoint: bool,
+}
+
+/// What happened to a private pool's users between ops, as `crate::pools` infers it (the trace
+/// does not record it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolAction {
+    /// The pool's last user went (`releasePool` down to `use_count` 0): it is freeable.
+    ReleasePool(MempoolId),
+    /// `MemPool::~MemPool`: `releasePool`, then `emptyCache(id)` (that pool's free segments).
+    DropMemPool(MempoolId),
+    /// The pool serves requests the default pools cannot (`MemPool(use_on_oom=True)`).
+    UseOnOom(MempoolId),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +97,8 @@ pub struct Program {
     pub unknown_frees: u32,
     /// Private-pool ids the requests are routed to.
     pub private_pools: Vec<MempoolId>,
+    /// Private-pool lifecycle, by op index: each applies before that op (see `crate::pools`).
+    pub pool_actions: Vec<(u32, PoolAction)>,
     /// The state at the trace's start when it starts mid-history (`None`: an empty allocator).
     pub initial: Option<InitialState>,
     /// Why the initial state could not be reconstructed (then the replay starts empty and frees of
@@ -315,6 +333,7 @@ impl ProgramBuilder {
                         recorded_addr: e.addr,
                         trace_index: i as u32,
                         stack: e.stack,
+                        checkpoint: false,
                     };
                     out(Built { op: Op::Malloc(req), request: Some(request), entries: &self.recent, index: i as u32 });
                     self.ops += 1;

@@ -5,7 +5,7 @@ use allocsim_model::{AllocatorConfig, Device, DeviceStats, Placement, SimDevice}
 use allocsim_trace::hash::IntMap;
 use allocsim_trace::{Action, TraceEntry};
 
-use crate::program::{Op, Program, Request};
+use crate::program::{Op, PoolAction, Program, Request};
 use crate::restore::InitialState;
 
 /// How to replay: the allocator settings, the allowed maximum, the device and its placement.
@@ -204,6 +204,10 @@ impl Inference {
             return !release;
         }
         match ahead.op(0) {
+            Some(Op::ReleaseRun { .. }) if ahead.release_entries(0).is_empty() => {
+                // Its entries were a MemPool destructor's (a pool action): nothing is left to do.
+                false
+            }
             Some(Op::ReleaseRun { .. }) => {
                 let recorded: Vec<&TraceEntry> = (0..mk)
                     .filter(|&k| matches!(ahead.op(k), Some(Op::ReleaseRun { .. })))
@@ -314,6 +318,7 @@ pub fn replay_observed<D: Device>(
 ) -> ReplayOutcome<D> {
     let n = program.requests.len();
     let mut st = Stepper::new(opts, device, VecSlots::new(n), &program.private_pools, program.initial.as_ref());
+    st.set_pool_actions(&program.pool_actions);
     let mut flags = vec![false; program.ops.len()];
     let mut addresses: Vec<Option<u64>> = vec![None; n];
     for (oi, &op) in program.ops.iter().enumerate() {
@@ -331,6 +336,7 @@ pub fn replay_observed<D: Device>(
         }
     }
     st.complete_held();
+    st.finish_pool_actions(program.ops.len());
     if !program.ops.is_empty() {
         observe(&st.alloc, program.ops.len() - 1);
     }
@@ -439,6 +445,9 @@ pub struct Stepper<D: Device, S: Slots> {
     /// Cross-stream completions that the next malloc's synchronize made.
     held: Vec<u64>,
     restore_failures: Vec<String>,
+    /// Private-pool lifecycle by op index ([`Program::pool_actions`]), and the next op's index.
+    pool_actions: Vec<(u32, PoolAction)>,
+    op_index: u32,
 }
 
 fn drain<D: Device>(alloc: &mut CachingAllocator<D>, out: &mut Vec<SegmentEvent>, request: u32) {
@@ -474,6 +483,8 @@ impl<D: Device, S: Slots> Stepper<D, S> {
             next_request: 0,
             held: Vec::new(),
             restore_failures: Vec::new(),
+            pool_actions: Vec::new(),
+            op_index: 0,
         };
         if let Some(init) = initial {
             st.restore_failures = restore(&mut st.alloc, init, &mut st.pre_blocks, &mut st.pre_tokens);
@@ -501,7 +512,46 @@ impl<D: Device, S: Slots> Stepper<D, S> {
         held
     }
 
+    /// Applies `actions` (a program's [`Program::pool_actions`]) before the ops they name; ops are
+    /// counted from this stepper's first.
+    pub fn set_pool_actions(&mut self, actions: &[(u32, PoolAction)]) {
+        self.pool_actions = actions.iter().rev().copied().collect();
+    }
+
+    fn apply_pool_actions(&mut self) {
+        while let Some(&(at, action)) = self.pool_actions.last() {
+            if at > self.op_index {
+                break;
+            }
+            self.pool_actions.pop();
+            match action {
+                PoolAction::ReleasePool(id) => {
+                    if self.alloc.find_private_pool(id).is_some() && !self.alloc.graph_pools_freeable.contains(id) {
+                        self.alloc.release_pool_fully(id);
+                    }
+                }
+                PoolAction::DropMemPool(id) => {
+                    if self.alloc.find_private_pool(id).is_some() {
+                        if !self.alloc.graph_pools_freeable.contains(id) {
+                            self.alloc.release_pool_fully(id);
+                        }
+                        self.alloc.release_cached_blocks_of(Some(id));
+                        drain(&mut self.alloc, &mut self.segment_events, self.next_request);
+                    }
+                }
+                PoolAction::UseOnOom(id) => {
+                    self.alloc.private_pool(id);
+                    self.alloc.set_use_on_oom(id, true);
+                }
+            }
+        }
+    }
+
     pub fn step(&mut self, op: Op, request: Option<&Request>, is_empty_cache: impl FnOnce(&CachingAllocator<D>) -> bool) -> Step {
+        if !self.pool_actions.is_empty() {
+            self.apply_pool_actions();
+        }
+        self.op_index += 1;
         let mut step = Step::default();
         if !self.outside.is_empty() {
             // What others hold when the next malloc (this one, or the one these ops precede) runs.
@@ -515,7 +565,12 @@ impl<D: Device, S: Slots> Stepper<D, S> {
                     debug_assert!(false, "a malloc without its request");
                     return step;
                 };
-                match alloc.malloc(r.size, r.stream, r.route) {
+                let checkpointed = if r.checkpoint { alloc.alloc_checkpointed_block(r.recorded_addr, r.size) } else { None };
+                let result = match checkpointed {
+                    Some(b) => Ok(b),
+                    None => alloc.malloc(r.size, r.stream, r.route),
+                };
+                match result {
                     Ok(b) => {
                         self.slots.put_block(req, b);
                         step.address = Some(alloc.block(b).ptr);
@@ -574,10 +629,19 @@ impl<D: Device, S: Slots> Stepper<D, S> {
         step
     }
 
-    /// The end of the trace: completions still held complete.
+    /// Completions still held complete (at the end of the trace, or of a partial replay).
     pub fn complete_held(&mut self) {
         for t in self.held.drain(..) {
             self.alloc.complete_free(t);
+        }
+    }
+
+    /// After the last of `ops` ops: the pool actions placed after it apply (not those of ops a
+    /// shortened program left out).
+    pub fn finish_pool_actions(&mut self, ops: usize) {
+        if !self.pool_actions.is_empty() {
+            self.op_index = ops as u32;
+            self.apply_pool_actions();
         }
     }
 

@@ -277,6 +277,9 @@ pub struct Prepared {
     pub own_outcome: ReplayOutcome,
     /// The snapshot's interned stacks (for call sites).
     pub stacks: Vec<Vec<Frame>>,
+    /// The private pools inferred from the trace, when its final segments did not suffice
+    /// (`crate::pools`).
+    pub pools: Option<crate::pools::PoolInference>,
     /// The snapshot's per-entry metadata (`TraceEntry::meta` indexes it; see
     /// [`allocsim_trace::MetaId`]).
     pub entry_metas: Vec<EntryMeta>,
@@ -338,18 +341,49 @@ impl Prepared {
             outside: OutsideMemory::default(),
         };
         crate::settle::settle_block_sizes(&mut program, &trace, &opts, 32);
-        let (budget, outcome) = match trace_capacity {
-            Some(c) => (Budget::given(c, memory), None),
-            None => crate::budget::infer(&trace, &program, &own, memory, &placement),
+        crate::pools::mark_checkpoint_allocations(&mut program, &snap.stacks);
+        let infer_budget = |program: &Program| match trace_capacity {
+            Some(c) => (Budget::given(c, memory.clone()), None),
+            None => crate::budget::infer(&trace, program, &own, memory.clone(), &placement),
         };
-        let own_outcome = match outcome {
+        let own_replay = |program: &Program, budget: &Budget, outcome: Option<ReplayOutcome>| match outcome {
             Some(o) => o,
             None => {
-                let opts = ReplayOptions { capacity: budget.capacity(), outside: budget.outside.clone(), ..opts };
-                replay(&program, &opts, EmptyCacheCalls::Infer(&trace))
+                let opts = ReplayOptions { capacity: budget.capacity(), outside: budget.outside.clone(), ..opts.clone() };
+                replay(program, &opts, EmptyCacheCalls::Infer(&trace))
             }
         };
+        let (mut budget, outcome) = infer_budget(&program);
+        let mut own_outcome = own_replay(&program, &budget, outcome);
+        let mut pools = None;
+        if !crate::pools::self_replay_exact(&own_outcome, &program, &trace) && crate::pools::worth_inferring(&trace, &program) {
+            // Judged under the budget the trace itself shows, not a capacity given for it (a
+            // what-if under another cap diverges for that reason alone).
+            let inferred = match trace_capacity {
+                Some(_) => {
+                    let (b, o) = crate::budget::infer(&trace, &program, &own, memory.clone(), &placement);
+                    let o = own_replay(&program, &b, o);
+                    (!crate::pools::self_replay_exact(&o, &program, &trace)).then_some(b)
+                }
+                None => Some(budget.clone()),
+            };
+            if let Some(b) = inferred {
+            // Private pools the final segments do not show: infer them (see `crate::pools`).
+            let o = ReplayOptions { capacity: b.capacity(), outside: b.outside.clone(), ..opts.clone() };
+            let mut candidate = program.clone();
+            let inferred = crate::pools::infer(&mut candidate, &trace, &segments, &o);
+            if candidate.requests != program.requests || candidate.pool_actions != program.pool_actions || candidate.ops != program.ops {
+                let (b, outcome) = infer_budget(&candidate);
+                let out = own_replay(&candidate, &b, outcome);
+                program = candidate;
+                budget = b;
+                own_outcome = out;
+            }
+            pools = Some(inferred);
+            }
+        }
         Ok(Prepared {
+            pools,
             device,
             choice,
             empty_cache: own_outcome.empty_cache.clone(),

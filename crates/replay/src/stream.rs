@@ -485,6 +485,14 @@ impl<'a> DeviceStream<'a> {
             let why = format!("device {}'s own replay needs the memory budget inferred from its whole trace", self.device);
             return Ok((Finished::Fallback(why), seen));
         }
+        let same = |a: &TraceEntry, b: &crate::replay::SegmentEvent| (a.action.as_str(), a.addr, a.size) == (b.action, b.addr, b.size);
+        let own = self.own.segment_events();
+        if own.len() != self.segment_entries.len() || self.segment_entries.iter().zip(own).any(|(a, b)| !same(a, b)) {
+            // Requests in private pools the final segments do not show are inferred by replaying
+            // the whole trace (`crate::pools`).
+            let why = format!("device {}'s own replay differs from its recording: its private pools are inferred from the whole trace", self.device);
+            return Ok((Finished::Fallback(why), seen));
+        }
         self.own.complete_held();
         let mut reported = match self.target {
             Some(t) => t,

@@ -45,6 +45,8 @@ pub struct PinnedSegment {
     pub stream: u64,
     pub small: bool,
     pub expandable: bool,
+    /// The private pool the segment belongs to ((0, 0): the default pools).
+    pub pool_id: (i64, i64),
     pub live: Vec<LiveBlock>,
 }
 
@@ -301,6 +303,7 @@ pub fn explain(
                 stream: seg.stream,
                 small: seg.is_small,
                 expandable: seg.is_expandable,
+                pool_id: seg.pool_id,
                 live,
             })
         })

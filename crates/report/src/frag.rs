@@ -50,6 +50,23 @@ pub struct FreeBreakdown {
     pub largest_free_block: u64,
     pub gap_concentration: f64,
     pub per_pool: Vec<PoolFree>,
+    /// Each private pool's memory (CUDA graphs, MemPools), largest first.
+    pub private_pools: Vec<PrivatePoolShare>,
+}
+
+/// What one private pool holds.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct PrivatePoolShare {
+    pub pool_id: (i64, i64),
+    pub reserved: u64,
+    pub allocated: u64,
+    pub free: u64,
+    pub segments: u32,
+    /// Of all reserved memory.
+    pub share_of_reserved: f64,
+    /// No user is left (`use_count` 0): the pool serves no more requests, and its free segments
+    /// go at the next `empty_cache()` or OOM retry; what stays is held by its live blocks.
+    pub freeable: bool,
 }
 
 impl FreeBreakdown {
@@ -109,6 +126,27 @@ pub fn breakdown<D: Device>(a: &CachingAllocator<D>) -> FreeBreakdown {
             e.free_blocks += 1;
         }
     }
+    let mut pools: BTreeMap<(i64, i64), PrivatePoolShare> = BTreeMap::new();
+    for seg in a.segments().iter().filter(|s| s.pool_id != (0, 0)) {
+        let e = pools.entry(seg.pool_id).or_insert_with(|| PrivatePoolShare { pool_id: seg.pool_id, ..Default::default() });
+        e.reserved += seg.total_size;
+        e.segments += 1;
+        for &id in &seg.blocks {
+            let b = a.block(id);
+            if b.allocated {
+                e.allocated += b.size;
+            } else if b.event_count == 0 {
+                e.free += b.size;
+            }
+        }
+    }
+    let mut shares: Vec<PrivatePoolShare> = pools.into_values().collect();
+    for p in &mut shares {
+        p.share_of_reserved = if f.reserved > 0 { p.reserved as f64 / f.reserved as f64 } else { 0.0 };
+        p.freeable = a.graph_pools_freeable.contains(p.pool_id);
+    }
+    shares.sort_by(|x, y| y.reserved.cmp(&x.reserved).then(x.pool_id.cmp(&y.pool_id)));
+    f.private_pools = shares;
     f.gap_concentration = if sum > 0.0 { sum_sq / (sum * sum) } else { 1.0 };
     f.per_pool = per.into_values().collect();
     f

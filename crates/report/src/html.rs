@@ -321,8 +321,14 @@ fn segment_map(prepared: &Prepared, config: &AllocatorConfig, capacity: Option<u
                 esc(&who.unwrap_or_default()),
                 seg.address,
                 if seg.is_small { "small pool" } else { "large pool" },
-                if seg.is_expandable { ", expandable" } else { "" }
+                if seg.is_expandable { ", expandable" } else { "" },
             );
+            if seg.pool_id != (0, 0) {
+                // The tooltip ends with the segment's private pool.
+                if let Some(at) = s.rfind(")</title>") {
+                    s.insert_str(at, &format!(" of private pool {:?}", seg.pool_id));
+                }
+            }
             off += blk.size;
         }
     }
@@ -330,6 +336,24 @@ fn segment_map(prepared: &Prepared, config: &AllocatorConfig, capacity: Option<u
         let _ = write!(s, r##"<text x="4" y="{:.1}" fill="#333">… {} smaller segments not drawn</text>"##, h - 6.0, segs.len() - shown);
     }
     s.push_str("</svg>");
+    let f = crate::frag::breakdown(a);
+    if !f.private_pools.is_empty() {
+        s.push_str("<table class=\"pools\"><tr><th>private pool</th><th>reserved</th><th>share of reserved</th><th>allocated</th><th>free</th><th>segments</th><th>serving requests</th></tr>");
+        for p in &f.private_pools {
+            let _ = write!(
+                s,
+                "<tr><td>{:?}</td><td>{}</td><td>{:.1}%</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                p.pool_id,
+                fs(p.reserved),
+                100.0 * p.share_of_reserved,
+                fs(p.allocated),
+                fs(p.free),
+                p.segments,
+                if p.freeable { "no: its users are gone, its live blocks hold it" } else { "yes" }
+            );
+        }
+        s.push_str("</table>");
+    }
     s
 }
 
