@@ -173,6 +173,7 @@ pub fn final_state(prepared: &Prepared) -> FinalState {
                 stream: seg.stream,
                 small: seg.is_small,
                 expandable: seg.is_expandable,
+                pool_id: seg.pool_id,
                 live,
             });
         }
