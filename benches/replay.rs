@@ -43,6 +43,24 @@ fn benches(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(raw.len() as u64));
     g.sample_size(10);
     g.bench_function("pickle_to_snapshot", |b| b.iter(|| allocsim_trace::snapshot::from_pickle(black_box(&raw)).unwrap()));
+    // The stream (`pickle_stream`): the first pass (segments, segment events, settings) and the
+    // events, from the same bytes in memory.
+    let file = allocsim_trace::pickle_stream::PickleFile::from_bytes(raw.clone());
+    g.bench_function("pickle_stream_scan", |b| b.iter(|| black_box(file.scan().unwrap().entries)));
+    g.bench_function("pickle_stream_events", |b| b.iter(|| black_box(file.events().unwrap().map(|e| e.unwrap().1.size).sum::<u64>())));
+    g.finish();
+
+    // A kvcache snapshot with stacks, as `allocsim synth` + `convert` writes it (665 k entries,
+    // ≈ 38 MB of pickle; benches/pickle_stream.sh times the CLI on such files beside CPython).
+    let (kv, _) = allocsim_synth::snapshot(&Spec::new(Workload::KvCache, 222_000, 1));
+    let kv_raw = allocsim_trace::snapshot::to_pickle(&kv);
+    let kv_file = allocsim_trace::pickle_stream::PickleFile::from_bytes(kv_raw.clone());
+    let mut g = c.benchmark_group("decode_kvcache_665k");
+    g.throughput(Throughput::Bytes(kv_raw.len() as u64));
+    g.sample_size(10);
+    g.bench_function("pickle_to_snapshot", |b| b.iter(|| allocsim_trace::snapshot::from_pickle(black_box(&kv_raw)).unwrap().device_traces.len()));
+    g.bench_function("pickle_stream_scan", |b| b.iter(|| black_box(kv_file.scan().unwrap().entries)));
+    g.bench_function("pickle_stream_events", |b| b.iter(|| black_box(kv_file.events().unwrap().map(|e| e.unwrap().1.size).sum::<u64>())));
     g.finish();
 
     let mut g = c.benchmark_group("replay");

@@ -58,8 +58,9 @@ struct ReplayArgs {
     /// allocator; `--json` keeps the first one's at the top level and lists all in `devices`).
     #[arg(long)]
     device: Option<usize>,
-    /// The PyTorch release whose allocator rules apply, 2.5 to 2.15 (a snapshot does not record
-    /// its version; default 2.11). See `allocsim_replay::version` for what changes.
+    /// The PyTorch release whose allocator rules apply, 2.1 to 2.15 (a snapshot does not record
+    /// its version; default 2.11; 2.1–2.4 were not measured: 2.5's rules). See
+    /// `allocsim_replay::version` for what changes.
     #[arg(long, value_parser = allocsim_replay::TorchVersion::parse, default_value = "2.11")]
     torch_version: allocsim_replay::TorchVersion,
     /// Read the whole trace before replaying it. By default a JSON Lines trace (.jsonl,
@@ -94,6 +95,13 @@ enum Command {
         /// The device's total memory (default: as the trace shows it, else an H200's).
         #[arg(long, value_parser = parse_size)]
         device_memory: Option<u64>,
+        /// Which device's trace (default: every device with entries; `--json` puts the one that
+        /// matters, as `replay` ranks them, at the top level and all of them in `devices`).
+        #[arg(long)]
+        device: Option<usize>,
+        /// The PyTorch release whose allocator rules apply (see `replay --torch-version`).
+        #[arg(long, value_parser = allocsim_replay::TorchVersion::parse, default_value = "2.11")]
+        torch_version: allocsim_replay::TorchVersion,
         #[arg(long)]
         json: bool,
     },
@@ -193,7 +201,9 @@ fn execute(command: Command, io: &mut Io<'_>) -> i32 {
     let r = match command {
         Command::Replay { args, json, backend: Backend::Sim } => cmd_replay(&args, json, io),
         Command::Replay { args, json, backend: Backend::Cuda } => cmd_replay_cuda(&args, json, io),
-        Command::Validate { trace, capacity, device_memory, json } => cmd_validate(&trace, capacity, device_memory, json, io),
+        Command::Validate { trace, capacity, device_memory, device, torch_version, json } => {
+            cmd_validate(&trace, &allocsim_commands::replay::ValidateOptions { capacity, device_memory, device, torch_version }, json, io)
+        }
         Command::Convert { input, output } => cmd_convert(&input, &output, io),
         Command::Explain(a) => crate::explain_cmd::cmd_explain(&a, io),
         Command::Report(a) => crate::report_cmd::cmd_report(&a, io),
@@ -215,6 +225,28 @@ fn report(err: &mut dyn Write, e: &UserError) -> i32 {
     let _ = writeln!(err, "allocsim: error: {}", e.0);
     let _ = err.flush();
     2
+}
+
+/// Says which device a command answers for when it chose one (several devices, no `--device`),
+/// and what a snapshot without any trace entry can tell: lines before the text output, or notes on
+/// stderr beside machine-readable output (the choice: `allocsim_replay::devices`).
+pub(crate) fn say_device(io: &mut Io<'_>, snap: &Snapshot, device: Option<usize>, machine: bool) -> Result<(), UserError> {
+    let choice = allocsim_replay::devices::device_for(snap, device).map_err(allocsim_commands::Error::from)?;
+    let mut lines = Vec::new();
+    if let Some(text) = choice.describe() {
+        lines.push(format!("answering for {text}"));
+    }
+    if let Some(text) = snap.no_history_note() {
+        lines.push(format!("note: {text}"));
+    }
+    for l in lines {
+        if machine {
+            writeln!(io.err, "allocsim: note: {}", l.strip_prefix("note: ").unwrap_or(&l))?;
+        } else {
+            writeln!(io.out, "{l}")?;
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn load(path: &Path) -> Result<Snapshot, UserError> {
@@ -244,22 +276,22 @@ impl ReplayArgs {
 /// `--device N`: that device; else every device with entries (in device order). A JSON Lines
 /// trace or a snapshot pickle is replayed as a stream, in memory bounded by the live set, where
 /// that gives the same answer (see `allocsim_replay::stream`); else the trace is read whole.
-fn run_replays(args: &ReplayArgs, err: &mut dyn Write) -> Result<Vec<ReplaySummary>, UserError> {
+fn run_replays(args: &ReplayArgs, err: &mut dyn Write) -> Result<ReplayAnswer, UserError> {
+    let name = args.trace.display().to_string();
     if !args.in_memory && args.addresses_from.is_none() && args.placements.is_none() {
         if let Some(file) = JsonlFile::open(&args.trace).map_err(|e| trace_error(&args.trace, e))? {
             if let Some(v) = run_streamed(&file, args, err)? {
-                return Ok(v);
+                return Ok(ReplayAnswer::new(&name, args.options(), v));
             }
         } else if let Some(file) = PickleFile::open(&args.trace).map_err(|e| trace_error(&args.trace, e))?
             && let Some(v) = run_streamed_pickle(&file, args, err)?
         {
-            return Ok(v);
+            return Ok(ReplayAnswer::new(&name, args.options(), v));
         }
     }
     let snap = load(&args.trace)?;
     let other = args.addresses_from.as_deref().map(load).transpose()?;
-    let name = args.trace.display().to_string();
-    Ok(allocsim_commands::replay::replay(Trace { name: &name, snapshot: &snap }, other.as_ref(), &args.options())?.all)
+    Ok(allocsim_commands::replay::replay(Trace { name: &name, snapshot: &snap }, other.as_ref(), &args.options())?)
 }
 
 /// Above this size a JSON Lines trace replayed in memory after all takes GiBs: say so.
@@ -330,15 +362,14 @@ fn run_streamed_pickle(file: &PickleFile, args: &ReplayArgs, err: &mut dyn Write
 }
 
 fn cmd_replay(args: &ReplayArgs, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
-    let all = run_replays(args, io.err)?;
-    let answer = ReplayAnswer::new(&args.trace.display().to_string(), args.options(), all);
+    let answer = run_replays(args, io.err)?;
     write_answer(&answer, as_json, io)
 }
 
-fn cmd_validate(path: &Path, capacity: Option<u64>, device_memory: Option<u64>, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
+fn cmd_validate(path: &Path, o: &allocsim_commands::replay::ValidateOptions, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
     let snap = load(path)?;
     let name = path.display().to_string();
-    let answer = allocsim_commands::replay::validate(Trace { name: &name, snapshot: &snap }, capacity, device_memory)?;
+    let answer = allocsim_commands::replay::validate(Trace { name: &name, snapshot: &snap }, o)?;
     write_answer(&answer, as_json, io)
 }
 

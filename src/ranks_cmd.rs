@@ -33,7 +33,7 @@ pub fn cmd_ranks(a: &CompareArgs, files: &[PathBuf], io: &mut Io<'_>) -> Result<
         config: a.config.clone(),
         capacity: a.capacity,
         device_memory: a.device_memory,
-        device: None,
+        device: a.device,
         by: a.by.clone(),
         spike_ratio: a.spike,
     };

@@ -93,6 +93,7 @@ pub fn cmd_sweep(a: &SweepArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let answer = allocsim_commands::sweep::sweep(Trace { name: &name, snapshot: &snap }, &options, &|| pb.inc(1));
     pb.finish_and_clear();
     let answer = answer?;
+    crate::cli::say_device(io, &snap, a.trace.device, a.json || a.csv)?;
     if a.csv {
         answer.write_csv(io.out)?;
         return Ok(0);
@@ -128,6 +129,7 @@ pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (snap, name) = a.trace.load()?;
     let options = FitOptions { trace: a.trace.options(), config: a.config.clone(), grid: a.grid.clone(), cards: a.cards.clone(), reserve: a.reserve, placements: a.placements };
     let answer = allocsim_commands::fit::fit(Trace { name: &name, snapshot: &snap }, &options)?;
+    crate::cli::say_device(io, &snap, a.trace.device, a.json)?;
     write_answer(&answer, a.json, io)
 }
 
@@ -162,6 +164,10 @@ pub struct CompareArgs {
     /// The device's total memory (default: as the trace shows it, else an H200's).
     #[arg(long, value_parser = parse_size)]
     pub device_memory: Option<u64>,
+    /// Which device's trace, in every file (default: in each file, the one that ran out of
+    /// memory, else the one with the highest peak reserved).
+    #[arg(long)]
+    pub device: Option<usize>,
     #[arg(long, default_value_t = 10)]
     pub top: usize,
     #[arg(long)]
@@ -169,8 +175,16 @@ pub struct CompareArgs {
 }
 
 /// A recorded run as one side: its own segment events (a self replay reproduces them exactly).
-fn recorded_side(path: &Path, snap: &Snapshot) -> Result<Side, UserError> {
-    let p = Prepared::new_for(snap, None, None, None, TorchVersion::DEFAULT)?;
+fn recorded_side(path: &Path, snap: &Snapshot, device: Option<usize>, io: &mut Io<'_>, machine: bool) -> Result<Side, UserError> {
+    let p = Prepared::new_for(snap, device, None, None, TorchVersion::DEFAULT).map_err(allocsim_commands::Error::from)?;
+    if let Some(text) = p.choice.describe() {
+        let line = format!("{}: answering for {text}", path.display());
+        if machine {
+            writeln!(io.err, "allocsim: note: {line}")?;
+        } else {
+            writeln!(io.out, "{line}")?;
+        }
+    }
     let mut deltas = Vec::new();
     let mut sites = Vec::new();
     let mut req = 0u32;
@@ -237,10 +251,11 @@ pub fn cmd_compare(a: &CompareArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (sa, sb) = match a.files.get(1) {
         Some(b) => {
             let snap_b = load(b)?;
-            (recorded_side(path_a, &snap_a)?, recorded_side(b, &snap_b)?)
+            (recorded_side(path_a, &snap_a, a.device, io, a.json)?, recorded_side(b, &snap_b, a.device, io, a.json)?)
         }
         None => {
-            let p = Prepared::new_for(&snap_a, None, a.device_memory, None, TorchVersion::DEFAULT)?;
+            let p = Prepared::new_for(&snap_a, a.device, a.device_memory, None, TorchVersion::DEFAULT).map_err(allocsim_commands::Error::from)?;
+            crate::cli::say_device(io, &snap_a, a.device, a.json)?;
             let cfg = |c: &Option<String>| -> Result<(String, AllocatorConfig), UserError> {
                 match c {
                     Some(s) => Ok((s.clone(), AllocatorConfig::parse(s).map_err(|e| UserError(format!("--config {s:?}: {e}")))?)),

@@ -110,3 +110,37 @@ fn in_process_run_writes_what_the_binary_prints() {
     assert_eq!(allocsim::cli::run(["allocsim", "replay"], &mut out, &mut err), 2);
     assert!(String::from_utf8(err).unwrap().contains("required"));
 }
+
+#[test]
+fn phases_fit_and_compare_into_a_closed_pipe() {
+    let llama = "traces/field/llama_train__default.pickle.gz";
+    check_quiet(&["phases", llama], 0, 0);
+    check_quiet(&["phases", llama, "--json"], 0, 0);
+    check_quiet(&["fit", FRAG, "--cards", "1GiB,2GiB", "--json"], 0, 0);
+    check_quiet(&["compare", FRAG, "traces/frag__expandable__2048M.pickle.gz"], 0, 0);
+    check_quiet(&["compare", FRAG, "--config", "expandable_segments:True", "--json"], 0, 0);
+    // Many files compared as ranks.
+    check_quiet(&["compare", "--ranks", FRAG, "traces/frag__expandable__2048M.pickle.gz"], 0, 0);
+}
+
+/// `report` and `export` write their file and say so on stderr: a closed stderr ends them
+/// quietly with the file written.
+#[test]
+fn report_and_export_with_a_closed_stderr() {
+    for (cmd, name) in [("report", "closed-stderr.html"), ("export", "closed-stderr.pickle.gz")] {
+        let out = TempFile::new(name);
+        let mut child = Command::new(BIN)
+            .args([cmd, FRAG, "-o", out.arg()])
+            .current_dir(ROOT)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn allocsim");
+        drop(child.stderr.take());
+        let mut stdout = String::new();
+        child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{cmd}: {stdout}");
+        assert!(std::fs::metadata(&out.0).is_ok_and(|m| m.len() > 0), "{cmd} wrote its file");
+    }
+}

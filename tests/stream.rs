@@ -20,6 +20,7 @@ use allocsim_replay::devices::run_devices;
 use allocsim_replay::stream::{StreamInput, Streamed, replay_stream};
 use allocsim_replay::{ReplaySpec, ReplaySummary, Request};
 use allocsim_trace::jsonl_stream::JsonlFile;
+use allocsim_trace::pickle_stream::PickleFile;
 use allocsim_trace::{Action, Snapshot, SnapshotSegment, TraceEntry, read_trace, write_trace};
 
 
@@ -171,6 +172,107 @@ fn every_trace_streams_to_the_in_memory_answer() {
         odd.iter().for_each(|(_, p)| check(p));
         h.join().unwrap();
     });
+}
+
+/// The streaming replay of a snapshot pickle.
+fn streamed_pickle(file: &PickleFile, spec: &ReplaySpec<'_>) -> Streamed {
+    let scan = file.scan().unwrap_or_else(|e| panic!("{}: {e}", file.path().display()));
+    let input = StreamInput { settings: &scan.settings, devices: Some(scan.devices), segments: &scan.segments, segment_entries: &scan.segment_entries };
+    replay_stream(&input, spec, || file.events()).unwrap_or_else(|e| panic!("{}: {e}", file.path().display()))
+}
+
+/// Every recorded trace's pickle, streamed (`pickle_stream`: gzip'd, read in a second thread),
+/// replays to the in-memory answer under every question of `specs`.
+#[test]
+fn every_pickle_streams_to_the_in_memory_answer() {
+    let mut traces = all_traces();
+    traces.extend(field_traces());
+    assert!(traces.len() >= 20, "the repository's traces are missing");
+    let check = |path: &PathBuf| {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let snap = read_trace(path).unwrap();
+        let file = PickleFile::open(path).unwrap().expect("a pickle");
+        let cap = recorded_capacity(path);
+        let own = in_memory(&snap, &ReplaySpec { capacity: cap, ..ReplaySpec::default() });
+        for (label, spec) in specs(cap, own[0].outcome.peak_reserved) {
+            let what = format!("{name} (pickle), {label}");
+            let want = in_memory(&snap, &spec);
+            let got = match streamed_pickle(&file, &spec) {
+                Streamed::Done(v) => v,
+                // What one pass cannot answer, whatever the format.
+                Streamed::Fallback(why) => {
+                    let f = jsonl_of(&snap, name);
+                    let j = JsonlFile::open(&f.0).unwrap().unwrap();
+                    assert!(matches!(streamed(&j, &spec), Streamed::Fallback(_)), "{what}: the pickle fell back ({why}), its JSON Lines did not");
+                    continue;
+                }
+            };
+            assert_eq!(want.len(), got.len(), "{what}: devices");
+            for (a, b) in want.iter().zip(&got) {
+                assert_same(a, b, &what);
+            }
+        }
+    };
+    let (even, odd): (Vec<_>, Vec<_>) = traces.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    std::thread::scope(|s| {
+        let h = s.spawn(|| even.iter().for_each(|(_, p)| check(p)));
+        odd.iter().for_each(|(_, p)| check(p));
+        h.join().unwrap();
+    });
+}
+
+/// The recordings in `traces/field` and `tests/fixtures/field`.
+fn field_traces() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in ["traces/field", "tests/fixtures/field"] {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(root(dir)).unwrap().filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.to_str().unwrap().ends_with(".pickle.gz")).collect();
+        v.sort();
+        out.extend(v);
+    }
+    out
+}
+
+/// `allocsim replay` of every trace prints the same streamed (the default for a pickle) and read
+/// whole (`--in-memory`), text and JSON, byte for byte; and so do invalid pickles (their errors).
+#[test]
+fn the_cli_prints_the_same_for_pickles_either_way() {
+    let mut traces = all_traces();
+    traces.extend(field_traces());
+    for rel in ["tests/fixtures/robust/two_devices.pickle", "tests/fixtures/robust/far_addr.pickle", "tests/fixtures/robust/huge_size.pickle", "tests/fixtures/robust/unknown_action.pickle", "tests/fixtures/robust/negative_addr.pickle", "tests/fixtures/robust/bigint_addr.pickle"] {
+        traces.push(root(rel));
+    }
+    let check = |path: &PathBuf| {
+        let p = path.to_str().unwrap();
+        for extra in [&[][..], &["--json"][..], &["--json", "--config", "expandable_segments:True"][..]] {
+            let mut args = vec!["replay", p];
+            args.extend_from_slice(extra);
+            let a = run(&args);
+            args.push("--in-memory");
+            let b = run(&args);
+            assert_eq!((a.status.code(), &a.stdout, &a.stderr), (b.status.code(), &b.stdout, &b.stderr), "{p} {extra:?}");
+        }
+    };
+    let (even, odd): (Vec<_>, Vec<_>) = traces.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    std::thread::scope(|s| {
+        let h = s.spawn(|| even.iter().for_each(|(_, p)| check(p)));
+        odd.iter().for_each(|(_, p)| check(p));
+        h.join().unwrap();
+    });
+    // A truncated pickle, plain and gzip'd: the whole-file decoder's error either way.
+    let raw = {
+        use std::io::Read;
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(&std::fs::read(root("traces/frag__default__2048M.pickle.gz")).unwrap()[..]).read_to_end(&mut out).unwrap();
+        out
+    };
+    for cut in [3, raw.len() / 3, raw.len() - 2] {
+        let t = TempFile::new(&format!("cut{cut}.pickle"));
+        std::fs::write(&t.0, &raw[..cut]).unwrap();
+        let a = run(&["replay", t.arg()]);
+        let b = run(&["replay", t.arg(), "--in-memory"]);
+        assert_eq!((a.status.code(), &a.stdout, &a.stderr), (b.status.code(), &b.stdout, &b.stderr), "cut at {cut}");
+        assert_eq!(a.status.code(), Some(2), "cut at {cut}");
+    }
 }
 
 /// `allocsim replay` of a .jsonl prints the same, streamed or not, and the same as the pickle.

@@ -36,6 +36,10 @@ impl Default for ExplainOptions {
 /// `explain` (`addresses_from`: a recorded run whose segment addresses the replay takes).
 pub fn explain(t: Trace<'_>, addresses_from: Option<&Snapshot>, a: &ExplainOptions) -> Result<ExplainAnswer, Error> {
     let (p, config) = a.trace.prepare_for(t.snapshot, a.config.as_deref(), a.capacity)?;
+    if p.program.requests.is_empty() {
+        // No history: the final state is all there is to explain.
+        return Ok(ExplainAnswer::FinalState { name: t.name.to_owned(), device: p.device, state: allocsim_report::explain::final_state(&p), top: a.top });
+    }
     let placement = match addresses_from {
         Some(other) => allocsim_replay::recorded_placement(other.device_traces.get(p.device).map_or(&[], |v| v.as_slice()), p.device_memory),
         None => p.recorded_placement(),
@@ -69,6 +73,8 @@ pub fn explain(t: Trace<'_>, addresses_from: Option<&Snapshot>, a: &ExplainOptio
 pub enum ExplainAnswer {
     /// Nothing ran out of memory (asked for `oom`).
     NoOom { name: String, config: String, capacity: Option<u64> },
+    /// A snapshot without history (a segments list, or recording off): its final state.
+    FinalState { name: String, device: usize, state: allocsim_report::explain::FinalState, top: usize },
     Explained(Box<Explained>),
 }
 
@@ -94,6 +100,7 @@ impl Answer for ExplainAnswer {
                 if config.is_empty() { "the defaults" } else { config },
                 capacity.map_or(String::new(), |c| format!(" with {} allowed", fs(c)))
             ),
+            ExplainAnswer::FinalState { name, device, state, top } => write_final_state(out, name, *device, state, *top),
             ExplainAnswer::Explained(e) => {
                 write_explanation(out, &e.x, &e.config, e.top, &Context { prepared: &e.prepared, capacity: e.capacity })?;
                 write_causes(out, &e.x, &e.causes, e.own)
@@ -103,6 +110,7 @@ impl Answer for ExplainAnswer {
     fn to_json(&self) -> Value {
         match self {
             ExplainAnswer::NoOom { .. } => serde_json::json!({"explanation": null, "reason": "no OOM"}),
+            ExplainAnswer::FinalState { state, .. } => serde_json::json!({"explanation": null, "reason": "no trace entries", "final_state": state}),
             ExplainAnswer::Explained(e) => {
                 let mut out = serde_json::to_value(&e.x).expect("JSON");
                 out["budget"] = e.prepared.budget.to_json();
@@ -112,6 +120,43 @@ impl Answer for ExplainAnswer {
         }
     }
 }
+/// `explain` on a snapshot without history: its final state, and the live blocks that pin free
+/// memory (`top` of them).
+fn write_final_state(out: &mut dyn Write, name: &str, device: usize, f: &allocsim_report::explain::FinalState, top: usize) -> io::Result<()> {
+    writeln!(
+        out,
+        "{name} (device {device}), final state: {} reserved in {} segments, {} allocated, {} free (largest free block {}); {} of the free is in segments that live blocks keep from being released",
+        fs(f.reserved),
+        f.segments,
+        fs(f.allocated),
+        fs(f.free),
+        fs(f.largest_free_block),
+        fs(f.pinned_free)
+    )?;
+    if !f.pinning_sites.is_empty() {
+        writeln!(out, "Live blocks that keep free memory from being released, by where they were allocated:")?;
+        for s in f.pinning_sites.iter().take(top) {
+            writeln!(out, "  {:>12} free pinned by {} block{} ({}) from {}", fs(s.pinned_free), s.blocks, if s.blocks == 1 { "" } else { "s" }, fs(s.live_bytes), s.call_site)?;
+        }
+    }
+    if !f.pinned.is_empty() {
+        writeln!(out, "Segments whose free memory live blocks pin (most free first; {} such segments):", f.pinned.len())?;
+        for s in f.pinned.iter().take(top) {
+            writeln!(
+                out,
+                "  {:#x}  {} segment, {} free (largest {}), held by {} live block{}",
+                s.address,
+                fs(s.size),
+                fs(s.free),
+                fs(s.largest_free_block),
+                s.live.len(),
+                if s.live.len() == 1 { "" } else { "s" }
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// What `explain` knows of the replay besides the explanation: the prepared trace (its budget)
 /// and `--capacity`.
 pub struct Context<'a> {

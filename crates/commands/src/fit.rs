@@ -36,18 +36,25 @@ impl Default for FitOptions {
 /// `fit`.
 pub fn fit(t: Trace<'_>, a: &FitOptions) -> Result<FitAnswer, Error> {
     let p = a.trace.prepare(t.snapshot)?;
+    crate::input::no_requests(t, &p, "fit")?;
     let points: Vec<GridPoint> = match (&a.grid, &a.config) {
         (Some(g), _) => parse_grid(g, "").map_err(Error::Usage)?,
         (None, Some(c)) => vec![GridPoint { conf: c.clone(), config: AllocatorConfig::parse(c).map_err(|e| e.to_string()) }],
         (None, None) => vec![GridPoint { conf: p.own.source.clone(), config: Ok(p.own.clone()) }],
     };
-    let (outside, outside_source) = match (a.reserve, outside_memory_from_ooms(&p)) {
-        (Some(r), _) => (r, "given with --reserve"),
-        (None, Some(r)) if !p.budget.device_full.is_empty() => {
-            (r, "from the trace's OOM entries (device_free): the device was full, so this includes what other processes held; --reserve sets it")
-        }
-        (None, Some(r)) => (r, "from the trace's OOM entries (device_free)"),
-        (None, None) => (DEFAULT_OUTSIDE_MEMORY, "default: CUDA context measured on an H200 with torch 2.11"),
+    let (outside, outside_source): (u64, String) = match (a.reserve, outside_memory_from_ooms(&p)) {
+        (Some(r), _) => (r, "given with --reserve".into()),
+        // What a full device held outside the allocator includes other processes' memory, which
+        // would not follow the job to another card.
+        (None, Some(r)) if !p.budget.device_full.is_empty() => (
+            DEFAULT_OUTSIDE_MEMORY,
+            format!(
+                "the CUDA context measured on an H200 with torch 2.11; the trace's OOM entries show {} outside the allocator on a full device, which includes what other processes held (--reserve {r} counts it all)",
+                format_size(r)
+            ),
+        ),
+        (None, Some(r)) => (r, "from the trace's OOM entries (device_free)".into()),
+        (None, None) => (DEFAULT_OUTSIDE_MEMORY, "default: CUDA context measured on an H200 with torch 2.11".into()),
     };
     let placements = p.placements(a.placements.max(1));
     let mut results = Vec::new();
@@ -67,14 +74,24 @@ pub fn fit(t: Trace<'_>, a: &FitOptions) -> Result<FitAnswer, Error> {
             (Some(&lo), Some(&hi)) if caps.len() == fits.len() => allocsim_whatif::fit::against_budget(lo, hi, &p.budget),
             _ => None,
         };
+        // Each card is replayed (every placement), not compared with the fitted capacity.
         let cards: Vec<_> = a
             .cards
             .iter()
             .map(|&card| {
                 let usable = card.saturating_sub(outside);
-                let fits_all = caps.len() == fits.len() && caps.iter().all(|&c| c <= usable);
-                let fits_some = caps.iter().any(|&c| c <= usable);
-                json!({"card": card, "usable": usable, "fits": fits_all, "fits_in_some_placements": fits_some && !fits_all})
+                let runs: Vec<_> = placements[..n].iter().map(|(_, pl)| allocsim_whatif::fit::on_card(&p, config, pl, card, outside)).collect();
+                let ok = runs.iter().filter(|o| o.first_oom().is_none()).count();
+                let first_oom = runs.iter().filter_map(|o| o.first_oom()).min();
+                let peak_reserved = runs.iter().map(|o| o.peak_reserved).max().unwrap_or(0);
+                json!({
+                    "card": card,
+                    "usable": usable,
+                    "fits": ok == runs.len(),
+                    "fits_in_some_placements": ok > 0 && ok < runs.len(),
+                    "first_oom": first_oom,
+                    "peak_reserved": peak_reserved,
+                })
             })
             .collect();
         results.push(json!({
@@ -111,12 +128,12 @@ pub struct FitAnswer {
     pub results: Vec<Value>,
     /// The memory outside the allocator the cards are judged with, and where it came from.
     pub outside: u64,
-    pub outside_source: &'static str,
+    pub outside_source: String,
 }
 
 impl Answer for FitAnswer {
     fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
-        write_fit_text(out, self, self.requests, self.device_memory, &self.results, self.outside, self.outside_source)
+        write_fit_text(out, self, self.requests, self.device_memory, &self.results, self.outside, &self.outside_source)
     }
     fn to_json(&self) -> Value {
         if self.results.len() == 1 && self.options.grid.is_none() {
@@ -180,23 +197,23 @@ fn write_fit_text(
                     };
                     writeln!(out, "    the trace itself had {had}: {verdict}")?;
                 }
-                for c in r["cards"].as_array().unwrap() {
-                    writeln!(
-                        out,
-                        "    {} card: {} usable after {} outside the allocator → {}",
-                        format_size(c["card"].as_u64().unwrap()),
-                        format_size(c["usable"].as_u64().unwrap()),
-                        format_size(outside),
-                        if c["fits"].as_bool() == Some(true) {
-                            "fits"
-                        } else if c["fits_in_some_placements"].as_bool() == Some(true) {
-                            "fits in some placements only"
-                        } else {
-                            "does not fit"
-                        }
-                    )?;
-                }
             }
+        }
+        for c in r["cards"].as_array().map_or(&[][..], |v| v.as_slice()) {
+            writeln!(
+                out,
+                "    {} card: {} usable after {} outside the allocator → {}",
+                format_size(c["card"].as_u64().unwrap_or(0)),
+                format_size(c["usable"].as_u64().unwrap_or(0)),
+                format_size(outside),
+                if c["fits"].as_bool() == Some(true) {
+                    format!("fits (replayed: peak reserved {})", format_size(c["peak_reserved"].as_u64().unwrap_or(0)))
+                } else if c["fits_in_some_placements"].as_bool() == Some(true) {
+                    "fits in some placements only".to_string()
+                } else {
+                    format!("does not fit (replayed: out of memory at request {})", c["first_oom"].as_u64().map_or("?".to_string(), |q| q.to_string()))
+                }
+            )?;
         }
     }
     if !s.options.cards.is_empty() {

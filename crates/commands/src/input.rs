@@ -15,7 +15,9 @@ pub struct TraceOptions {
     /// releases its own OOM retries made). Default: inferred from the trace's OOM entries and
     /// segment events, with the memory held outside the allocator.
     pub trace_capacity: Option<u64>,
-    /// Which device's trace (default: the first with entries).
+    /// Which device's trace (default: the one that ran out of memory, else the one with the
+    /// highest peak reserved; with no trace entries, the one holding the segments; see
+    /// `allocsim_replay::devices::choose_device`).
     pub device: Option<usize>,
 }
 
@@ -49,4 +51,15 @@ impl TraceOptions {
 /// A `PYTORCH_CUDA_ALLOC_CONF` string, with PyTorch's error text.
 pub fn parse_config(c: &str) -> Result<AllocatorConfig, Error> {
     AllocatorConfig::parse(c).map_err(|e| Error::Config { message: format!("--config {c:?}: {e}"), pytorch: e.to_string() })
+}
+
+/// A snapshot without history has no requests to `what`: the error, with how to record them.
+pub fn no_requests(t: crate::Trace<'_>, p: &Prepared, what: &str) -> Result<(), Error> {
+    if !p.program.requests.is_empty() || !t.snapshot.has_no_history() {
+        return Ok(());
+    }
+    Err(Error::Usage(format!(
+        "{}: no trace entries (memory history was not recorded), so no requests to {what}; record them with torch.cuda.memory._record_memory_history(max_entries=100000) before the code to analyse, then torch.cuda.memory._dump_snapshot(\"snapshot.pickle\")",
+        t.name
+    )))
 }

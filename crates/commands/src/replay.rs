@@ -54,7 +54,7 @@ pub fn replay(t: Trace<'_>, addresses_from: Option<&Snapshot>, o: &ReplayOptions
     } else {
         allocsim_replay::devices::run_devices(t.snapshot, &spec)?.into_iter().map(|r| r.into_summary()).collect()
     };
-    Ok(ReplayAnswer::new(t.name, o.clone(), all))
+    Ok(ReplayAnswer::new(t.name, o.clone(), all).with_no_history(t.snapshot.no_history_note()))
 }
 
 /// What `replay` found: one summary per device.
@@ -63,12 +63,21 @@ pub struct ReplayAnswer {
     pub options: ReplayOptions,
     /// One per device replayed, in device order.
     pub all: Vec<ReplaySummary>,
+    /// What a snapshot without any trace entry can tell, and how to record history.
+    pub no_history: Option<String>,
 }
 
 impl ReplayAnswer {
     /// From summaries computed elsewhere (the command line's streamed replay of a JSON Lines file).
     pub fn new(name: &str, options: ReplayOptions, all: Vec<ReplaySummary>) -> ReplayAnswer {
-        ReplayAnswer { name: name.to_owned(), options, all }
+        let no_history = all.iter().all(|r| r.entries == 0).then(|| Snapshot::default().no_history_note()).flatten();
+        ReplayAnswer { name: name.to_owned(), options, all, no_history }
+    }
+
+    /// With the note of a snapshot without history (`Snapshot::no_history_note`).
+    pub fn with_no_history(mut self, note: Option<String>) -> ReplayAnswer {
+        self.no_history = note;
+        self
     }
 }
 
@@ -77,7 +86,14 @@ impl Answer for ReplayAnswer {
         write_replay_text(out, self, &self.all)
     }
     fn to_json(&self) -> Value {
-        replay_json(self, &self.all[0], &self.all)
+        // The device that matters at the top level, and why.
+        let choice = allocsim_replay::devices::choice_of_replays(&self.all).expect("at least one device is replayed");
+        let top = self.all.iter().position(|r| r.device == choice.device).unwrap_or(0);
+        let mut v = replay_json(self, &self.all[top], &self.all);
+        v["device_choice"] = serde_json::to_value(&choice).expect("JSON");
+        v["no_history"] = json!(self.no_history);
+        v["torch_version_note"] = json!(self.options.torch_version.note());
+        v
     }
 }
 
@@ -195,6 +211,12 @@ fn write_replay_text(out: &mut dyn Write, args: &ReplayAnswer, all: &[ReplaySumm
     if all.len() > 1 {
         writeln!(out, "{}: {} devices, each replayed on its own allocator; worst first (most OOMs, then highest peak reserved)", args.name, all.len())?;
     }
+    if let Some(note) = args.options.torch_version.note() {
+        writeln!(out, "note: {note}")?;
+    }
+    if let Some(note) = &args.no_history {
+        writeln!(out, "note: {note}")?;
+    }
     for &i in &allocsim_replay::devices::worst_first(all) {
         write_device_text(out, args, &all[i])?;
     }
@@ -244,13 +266,29 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayAnswer, r: &ReplaySummary
         format_size(peak_alloc),
         format_size(peak_res.saturating_sub(peak_alloc))
     )?;
-    writeln!(
-        out,
-        "  at the end        {} reserved in {} segments, {} allocated",
-        format_size(s.reserved_bytes.all().current as u64),
-        s.segment.all().current,
-        format_size(s.allocated_bytes.all().current as u64)
-    )?;
+    let expandable = o.allocator.segments().iter().filter(|g| g.is_expandable).count();
+    if expandable > 0 {
+        writeln!(
+            out,
+            "  at the end        {} reserved ({} mapped range{} of expandable segments{}), {} allocated",
+            format_size(s.reserved_bytes.all().current as u64),
+            expandable,
+            if expandable == 1 { "" } else { "s" },
+            match s.segment.all().current {
+                0 => "; memory_stats()' `segment` counter counts cudaMalloc'd segments only and says 0".to_string(),
+                n => format!(", and {n} cudaMalloc'd segments"),
+            },
+            format_size(s.allocated_bytes.all().current as u64)
+        )?;
+    } else {
+        writeln!(
+            out,
+            "  at the end        {} reserved in {} segments, {} allocated",
+            format_size(s.reserved_bytes.all().current as u64),
+            s.segment.all().current,
+            format_size(s.allocated_bytes.all().current as u64)
+        )?;
+    }
     writeln!(
         out,
         "  device calls      {} cudaMalloc/map, {} cudaFree/unmap; {} alloc retries, {} full synchronizations",
@@ -270,10 +308,23 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayAnswer, r: &ReplaySummary
     if !ec.is_empty() {
         writeln!(out, "  empty_cache()     {} calls, inferred from the trace's releases", ec.len())?;
     }
-    if let Some(init) = &r.initial {
+    if let Some(init) = &r.initial
+        && r.entries == 0
+    {
         writeln!(
             out,
-            "  mid-history       the trace's first entry is not the job's (the ring buffer of max_entries): the replay starts from the state reconstructed from the final segments, {} pre-existing blocks ({} allocated in {} blocks, {} pending free) in {} segments ({} reserved); counters count from the trace's start, peaks are the trace's",
+            "  final state       {} segments ({} reserved) holding {} live blocks ({} allocated, {} pending free); no trace to replay",
+            init.segments.len(),
+            format_size(init.reserved_bytes()),
+            init.blocks.len(),
+            format_size(init.allocated_bytes()),
+            init.pending_blocks()
+        )?;
+    } else if let Some(init) = &r.initial {
+        writeln!(
+            out,
+            "  mid-history       {}: the replay starts from the state reconstructed from the final segments, {} pre-existing blocks ({} allocated in {} blocks, {} pending free) in {} segments ({} reserved); counters count from the trace's start, peaks are the trace's",
+            allocsim_replay::restore::InitialState::why(r.entries),
             init.blocks.len(),
             format_size(init.allocated_bytes()),
             init.allocated_blocks(),
@@ -297,7 +348,7 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayAnswer, r: &ReplaySummary
         Some((first, &(ref req, device_free))) => {
             writeln!(
                 out,
-                "  OOMs              {} ; the first at request {} ({} on stream {}{}):",
+                "  OOMs              {}; the first at request {} ({} on stream {}{}):",
                 o.ooms.len(),
                 first.request,
                 format_size(req.size),
@@ -342,51 +393,111 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayAnswer, r: &ReplaySummary
     Ok(())
 }
 
-/// `validate`: a replay under the trace's own settings against its recording.
-pub fn validate(t: Trace<'_>, capacity: Option<u64>, device_memory: Option<u64>) -> Result<ValidateAnswer, Error> {
-    let spec = ReplaySpec { capacity, device_memory, ..ReplaySpec::default() };
-    let r = allocsim_replay::run(t.snapshot, &spec)?;
-    let validation = allocsim_replay::validate(&r);
-    Ok(ValidateAnswer { name: t.name.to_owned(), device: r.device, budget: r.budget.clone(), validation })
+/// `validate`'s options.
+#[derive(Clone, Debug, Default)]
+pub struct ValidateOptions {
+    /// The allowed maximum the trace was recorded under (default: inferred from the trace).
+    pub capacity: Option<u64>,
+    /// The device's total memory (default: as the trace shows it, else an H200's).
+    pub device_memory: Option<u64>,
+    /// One device (default: every device with entries).
+    pub device: Option<usize>,
+    /// The PyTorch release whose rules apply.
+    pub torch_version: TorchVersion,
 }
 
-/// What `validate` found.
-pub struct ValidateAnswer {
-    pub name: String,
+/// `validate`: a replay under the trace's own settings against its recording, for every device
+/// with entries (or the one asked for).
+pub fn validate(t: Trace<'_>, o: &ValidateOptions) -> Result<ValidateAnswer, Error> {
+    let spec = ReplaySpec { capacity: o.capacity, device_memory: o.device_memory, device: o.device, torch_version: o.torch_version, ..ReplaySpec::default() };
+    let runs = match o.device {
+        Some(_) => vec![allocsim_replay::run(t.snapshot, &spec)?],
+        None => allocsim_replay::devices::run_devices(t.snapshot, &spec)?,
+    };
+    // The device that matters first (most OOMs, then highest peak reserved), as `replay` lists them.
+    let mut order: Vec<usize> = (0..runs.len()).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(runs[i].outcome.ooms.len()), std::cmp::Reverse(runs[i].outcome.peak_reserved), runs[i].device));
+    let devices = order
+        .into_iter()
+        .map(|i| DeviceValidation { device: runs[i].device, budget: runs[i].budget.clone(), validation: allocsim_replay::validate(&runs[i]) })
+        .collect();
+    Ok(ValidateAnswer { name: t.name.to_owned(), devices, torch_version: o.torch_version, no_history: t.snapshot.no_history_note() })
+}
+
+/// One device's validation.
+pub struct DeviceValidation {
     pub device: usize,
     pub budget: allocsim_replay::Budget,
     pub validation: allocsim_replay::validate::Validation,
 }
 
+/// What `validate` found: every device validated, the one that matters first.
+pub struct ValidateAnswer {
+    pub name: String,
+    pub devices: Vec<DeviceValidation>,
+    pub torch_version: TorchVersion,
+    pub no_history: Option<String>,
+}
+
+impl ValidateAnswer {
+    /// Every device exact.
+    pub fn exact(&self) -> bool {
+        self.devices.iter().all(|d| d.validation.exact)
+    }
+}
+
 impl Answer for ValidateAnswer {
     fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
-        let v = &self.validation;
-        writeln!(out, "{} (device {}): replay under its own settings against the recording", self.name, self.device)?;
-        for line in budget_lines(&self.budget) {
-            writeln!(out, "  budget           {line}")?;
+        if self.devices.len() > 1 {
+            writeln!(out, "{}: {} devices with entries, each validated on its own allocator", self.name, self.devices.len())?;
         }
-        for (name, a) in [
-            ("segment events", &v.segment_events),
-            ("OOMs", &v.ooms),
-            ("alloc addresses", &v.alloc_addresses),
-            ("final segments", &v.final_segments),
-        ] {
-            writeln!(
-                out,
-                "  {name:<16} {}/{} reproduced{}",
-                a.matched,
-                a.recorded,
-                a.first_divergence.as_ref().map(|d| format!("; first divergence: {d}")).unwrap_or_default()
-            )?;
+        if let Some(note) = self.torch_version.note() {
+            writeln!(out, "note: {note}")?;
         }
-        writeln!(out, "  {}", if v.exact { "exact" } else { "NOT exact" })
+        if let Some(note) = &self.no_history {
+            writeln!(out, "note: {note}")?;
+        }
+        for d in &self.devices {
+            let v = &d.validation;
+            writeln!(out, "{} (device {}): replay under its own settings against the recording", self.name, d.device)?;
+            for line in budget_lines(&d.budget) {
+                writeln!(out, "  budget           {line}")?;
+            }
+            for (name, a) in [
+                ("segment events", &v.segment_events),
+                ("OOMs", &v.ooms),
+                ("alloc addresses", &v.alloc_addresses),
+                ("final segments", &v.final_segments),
+            ] {
+                writeln!(
+                    out,
+                    "  {name:<16} {}/{} reproduced{}",
+                    a.matched,
+                    a.recorded,
+                    a.first_divergence.as_ref().map(|d| format!("; first divergence: {d}")).unwrap_or_default()
+                )?;
+            }
+            writeln!(out, "  {}", if v.exact { "exact" } else { "NOT exact" })?;
+        }
+        Ok(())
     }
+    /// The device that matters at the top level (as before several devices were validated),
+    /// `exact` for all of them, and every device in `devices`.
     fn to_json(&self) -> Value {
-        let mut json = serde_json::to_value(&self.validation).expect("JSON");
-        json["budget"] = self.budget.to_json();
+        let one = |d: &DeviceValidation| {
+            let mut json = serde_json::to_value(&d.validation).expect("JSON");
+            json["device"] = json!(d.device);
+            json["budget"] = d.budget.to_json();
+            json
+        };
+        let mut json = one(&self.devices[0]);
+        json["exact"] = json!(self.exact());
+        json["exact_device"] = json!(self.devices[0].validation.exact);
+        json["torch_version"] = json!(self.torch_version.to_string());
+        json["devices"] = Value::from(self.devices.iter().map(one).collect::<Vec<_>>());
         json
     }
     fn exit_code(&self) -> i32 {
-        if self.validation.exact { 0 } else { 1 }
+        if self.exact() { 0 } else { 1 }
     }
 }

@@ -48,6 +48,7 @@ pub fn replays(a: &SweepOptions, points: &[GridPoint]) -> usize {
 /// `sweep`; `progress` is called once per finished replay.
 pub fn sweep(t: Trace<'_>, a: &SweepOptions, progress: &(dyn Fn() + Sync)) -> Result<SweepAnswer, Error> {
     let p = a.trace.prepare(t.snapshot)?;
+    crate::input::no_requests(t, &p, "replay under other settings")?;
     let points = grid_points(a)?;
     let t0 = std::time::Instant::now();
     let limits = p.limits(a.capacity);
@@ -101,7 +102,7 @@ impl SweepAnswer {
 
 impl Answer for SweepAnswer {
     fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
-        write_sweep_text(out, self, &self.prepared, &self.points, &self.rows, self.secs, self.ends.map(|e| (e, self.depends.as_slice())), &|q| self.iteration_of(q))
+        write_sweep_text(out, self)
     }
     fn to_json(&self) -> Value {
         let (a, rows, p) = (&self.options, &self.rows, &self.prepared);
@@ -184,20 +185,13 @@ fn write_sweep_csv(out: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
     Ok(())
 }
 
-/// `sweep` as text: the table of the `a.top` best configs, the rejected ones, the recommendation.
-/// `interval`: the ends of an inferred allowed maximum and the configs whose outcome differs
-/// between them; `iteration_of`: the iteration holding a request (when the trace has iterations).
-fn write_sweep_text(
-    out: &mut dyn Write,
-    s: &SweepAnswer,
-    p: &Prepared,
-    points: &[GridPoint],
-    rows: &[Row],
-    secs: f64,
-    interval: Option<((u64, u64), &[String])>,
-    iteration_of: &dyn Fn(Option<u32>) -> Option<usize>,
-) -> io::Result<()> {
+/// `sweep` as text: the table of the `top` best configs, whether outcomes depend on where in an
+/// inferred allowed maximum the real one lies, the rejected configs, the recommendation.
+fn write_sweep_text(out: &mut dyn Write, s: &SweepAnswer) -> io::Result<()> {
     let a = &s.options;
+    let (p, points, rows, secs) = (&s.prepared, &s.points[..], &s.rows[..], s.secs);
+    let interval = s.ends.map(|e| (e, s.depends.as_slice()));
+    let iteration_of = |q: Option<u32>| s.iteration_of(q);
     let limits = p.limits(a.capacity);
     let valid = rows.iter().filter(|r| r.rejected.is_none()).count();
     let shared = rows.iter().flat_map(|r| &r.outcomes).filter(|o| o.same_as.is_some()).count();
@@ -248,7 +242,7 @@ fn write_sweep_text(
             w.num_alloc_retries.to_string(),
             w.num_sync_all_streams.to_string(),
             format!("{} / {}", w.num_device_alloc, w.num_device_free),
-            format!("{:.1} ms", w.device_call_us / 1000.0),
+            format!("{:.1} ms", (w.device_call_us / 1000.0).max(0.0)),
         ]);
         t.add_row(cells);
     }
@@ -259,7 +253,7 @@ fn write_sweep_text(
         }
     }
     match interval {
-        Some(((lo, hi), depends)) if depends.is_empty() => writeln!(
+        Some(((lo, hi), [])) => writeln!(
             out,
             "every outcome above is the same at both ends of the inferred allowed maximum ({}–{})",
             format_size(lo),
@@ -281,35 +275,52 @@ fn write_sweep_text(
         writeln!(out, "note: garbage_collection_threshold has no effect without a memory fraction (give --capacity)")?;
     }
     // Rankings that placement can flip: adjacent configs whose outcome ranges overlap.
-    let shown: Vec<&Row> = rows.iter().filter(|r| r.rejected.is_none()).take(a.top).collect();
     let flips = allocsim_whatif::sweep::placement_sensitive_pairs(rows);
     let flips: Vec<String> = flips.iter().filter(|&&i| i + 1 < a.top).map(|i| format!("#{} and #{}", i + 1, i + 2)).collect();
     if !flips.is_empty() {
         writeln!(out, "placement: these neighbours could swap places depending on where the driver puts segments (their ranges overlap): {}", flips.join(", "))?;
     }
-    if let Some(best) = shown.first() {
-        let own = rows.iter().find(|r| r.rejected.is_none() && p.is_own_under(&AllocatorConfig::parse(&r.conf).unwrap(), &limits));
-        let name = |r: &Row| if r.conf.is_empty() { "the defaults".to_string() } else { r.conf.clone() };
-        let line = match own {
-            Some(o) if std::ptr::eq(o, *best) => format!("recommendation: keep {} (the trace's own settings rank first)", name(best)),
-            Some(o) if o.placements_with_oom() > 0 && best.placements_with_oom() == 0 => format!(
-                "recommendation: {} avoids the OOM that {} runs into at request {} (peak reserved {})",
-                name(best),
-                name(o),
-                o.first_oom_range().0.unwrap_or(0),
-                range(best.peak_reserved_range())
-            ),
-            Some(o) => format!(
-                "recommendation: {} (peak reserved {} vs {} under {})",
-                name(best),
-                range(best.peak_reserved_range()),
-                range(o.peak_reserved_range()),
-                name(o)
-            ),
-            None => format!("recommendation: {} (peak reserved {})", name(best), range(best.peak_reserved_range())),
-        };
-        writeln!(out, "{line}")?;
-    }
+    let own = rows.iter().position(|r| r.rejected.is_none() && AllocatorConfig::parse(&r.conf).is_ok_and(|c| p.is_own_under(&c, &limits)));
+    let name = |r: &Row| if r.conf.is_empty() { "the defaults".to_string() } else { r.conf.clone() };
+    let own_name = |r: &Row| format!("{} (the trace's own settings)", name(r));
+    use allocsim_whatif::sweep::Recommendation as R;
+    let line = match allocsim_whatif::sweep::recommend(rows, own) {
+        None => return Ok(()),
+        Some(R::KeepOwn { own }) => format!("recommendation: keep {} — they rank first", own_name(&rows[own])),
+        Some(R::OwnAsGood { own, best }) => format!(
+            "recommendation: keep {} — they are as good as any setting tried (no OOM avoided or postponed, and peak reserved {} against {} at best, {}: less than {:.0}% apart)",
+            own_name(&rows[own]),
+            range(rows[own].peak_reserved_range()),
+            range(rows[best].peak_reserved_range()),
+            name(&rows[best]),
+            100.0 * allocsim_whatif::sweep::MIN_GAIN
+        ),
+        Some(R::Better { best, own }) if rows[own].placements_with_oom() > 0 && rows[best].placements_with_oom() == 0 => format!(
+            "recommendation: {} avoids the OOM at request {} under {} (peak reserved {})",
+            name(&rows[best]),
+            rows[own].first_oom_range().0.unwrap_or(0),
+            own_name(&rows[own]),
+            range(rows[best].peak_reserved_range())
+        ),
+        Some(R::Better { best, own }) => format!(
+            "recommendation: {} (peak reserved {} vs {} under {}{})",
+            name(&rows[best]),
+            range(rows[best].peak_reserved_range()),
+            range(rows[own].peak_reserved_range()),
+            own_name(&rows[own]),
+            match (rows[best].first_oom_range().0, rows[own].first_oom_range().0) {
+                (Some(b), Some(o)) if b > o => format!("; its first OOM comes at request {b} instead of {o}"),
+                _ => String::new(),
+            }
+        ),
+        Some(R::Best { best }) => format!("recommendation: {} (peak reserved {})", name(&rows[best]), range(rows[best].peak_reserved_range())),
+        Some(R::AllOom { smallest, shortfall, request }) => format!(
+            "recommendation: none — every setting runs out of memory; the smallest shortfall is {} ({}, at request {request}); `allocsim fit` finds the allowed maximum each setting needs",
+            format_size(shortfall),
+            name(&rows[smallest])
+        ),
+    };
+    writeln!(out, "{line}")?;
     Ok(())
 }
 

@@ -30,7 +30,7 @@ pub struct RankSpec {
     pub capacity: Option<u64>,
     /// The device's total memory (`None`: as each trace shows it, else an H200's).
     pub device_memory: Option<u64>,
-    /// Which device of each snapshot (default: the first with entries).
+    /// Which device of each snapshot (default: the one that matters, `allocsim_replay::devices::choose_device`).
     pub device: Option<usize>,
     /// Iterations by this annotation (see [`Layout::of`]).
     pub by: Option<String>,

@@ -1,7 +1,8 @@
 //! Snapshots of several GPUs: each device's trace is replayed on its own model (allocators are per
 //! device in PyTorch; nothing is shared), and the devices are ranked worst first.
 
-use allocsim_trace::Snapshot;
+use allocsim_model::format::format_size;
+use allocsim_trace::{Action, Snapshot, SnapshotSegment};
 
 use crate::run::{ReplaySpec, ReplaySummary, Replayed, RunError, run};
 
@@ -11,11 +12,12 @@ pub fn devices_with_entries(snap: &Snapshot) -> Vec<usize> {
 }
 
 /// Replays every device with entries (`spec.device` is ignored), in parallel; results in device
-/// order. A snapshot without entries replays device 0 (nothing happens), as [`run`] does.
+/// order. A snapshot without entries replays the device with its segments ([`choose_device`]), as
+/// [`run`] does.
 pub fn run_devices(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Vec<Replayed>, RunError> {
     let mut devices = devices_with_entries(snap);
     if devices.is_empty() {
-        devices.push(0);
+        devices.push(choose_device(snap).device);
     }
     let results: Vec<Result<Replayed, RunError>> = std::thread::scope(|s| {
         let handles: Vec<_> = devices
@@ -38,4 +40,180 @@ pub fn worst_first(replays: &[ReplaySummary]) -> Vec<usize> {
         (std::cmp::Reverse(o.ooms.len()), std::cmp::Reverse(o.peak_reserved), replays[i].device)
     });
     order
+}
+
+/// What one device's trace shows, for choosing the device that matters.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceFacts {
+    pub device: usize,
+    /// Trace entries recorded for it.
+    pub entries: usize,
+    /// `oom` entries recorded.
+    pub ooms: usize,
+    /// Peak reserved bytes as the trace shows it: the final segments' total, walked back through
+    /// the segment events (what MemoryViz draws).
+    pub peak_reserved: u64,
+    /// Bytes in its final segments.
+    pub reserved_at_end: u64,
+}
+
+/// Why a device was chosen when none was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceReason {
+    /// `--device N`.
+    Given,
+    /// The only device with trace entries (or, with none, the only one with segments, or none).
+    Only,
+    /// It ran out of memory (the most `oom` entries among the devices).
+    RanOutOfMemory,
+    /// No device ran out of memory; it has the highest peak reserved.
+    HighestPeak,
+    /// No device recorded any trace entry; it holds the most of the snapshot's segments.
+    HasSegments,
+}
+
+/// The device a command answers for, and why.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceChoice {
+    pub device: usize,
+    pub reason: DeviceReason,
+    /// Every device with trace entries (or, with none, with segments), with what its trace shows.
+    pub candidates: Vec<DeviceFacts>,
+}
+
+/// What device `d`'s trace and final segments show.
+pub fn device_facts(snap: &Snapshot, d: usize) -> DeviceFacts {
+    let trace = snap.device_traces.get(d).map_or(&[][..], |t| t.as_slice());
+    let end: u64 = snap.segments.iter().filter(|s| s.device == d as i64).map(|s| s.total_size).sum();
+    // Backwards from the final segments: before a segment_alloc/map there was less reserved,
+    // before a segment_free/unmap more.
+    let (mut cur, mut peak) = (end as i128, end as i128);
+    let mut ooms = 0;
+    for e in trace.iter().rev() {
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => cur -= e.size as i128,
+            Action::SegmentFree | Action::SegmentUnmap => cur += e.size as i128,
+            Action::Oom => ooms += 1,
+            _ => {}
+        }
+        peak = peak.max(cur);
+    }
+    DeviceFacts { device: d, entries: trace.len(), ooms, peak_reserved: peak.clamp(0, u64::MAX as i128) as u64, reserved_at_end: end }
+}
+
+/// The device that matters when none is given: among the devices with trace entries, the one
+/// that ran out of memory (the most `oom` entries), else the one with the highest peak reserved
+/// (lowest device number on ties); with no entries anywhere, the device holding the most of the
+/// final segments; with nothing at all, device 0.
+pub fn choose_device(snap: &Snapshot) -> DeviceChoice {
+    let n = snap.device_traces.len().max(snap.segments.iter().map(|s| s.device.max(0) as usize + 1).max().unwrap_or(0));
+    let all: Vec<DeviceFacts> = (0..n).map(|d| device_facts(snap, d)).collect();
+    let with_entries: Vec<DeviceFacts> = all.iter().filter(|f| f.entries > 0).cloned().collect();
+    if !with_entries.is_empty() {
+        let best = with_entries
+            .iter()
+            .min_by_key(|f| (std::cmp::Reverse(f.ooms), std::cmp::Reverse(f.peak_reserved), f.device))
+            .expect("non-empty");
+        let reason = if with_entries.len() == 1 {
+            DeviceReason::Only
+        } else if best.ooms > 0 {
+            DeviceReason::RanOutOfMemory
+        } else {
+            DeviceReason::HighestPeak
+        };
+        return DeviceChoice { device: best.device, reason, candidates: with_entries };
+    }
+    let with_segments: Vec<DeviceFacts> = all.into_iter().filter(|f| f.reserved_at_end > 0).collect();
+    match with_segments.iter().min_by_key(|f| (std::cmp::Reverse(f.reserved_at_end), f.device)) {
+        // One device, device 0: nothing was chosen.
+        Some(best) if with_segments.len() == 1 && best.device == 0 => DeviceChoice { device: 0, reason: DeviceReason::Only, candidates: with_segments },
+        Some(best) => DeviceChoice { device: best.device, reason: DeviceReason::HasSegments, candidates: with_segments },
+        None => DeviceChoice { device: 0, reason: DeviceReason::Only, candidates: Vec::new() },
+    }
+}
+
+/// [`choose_device`], or `given` (checked against the snapshot's devices).
+pub fn device_for(snap: &Snapshot, given: Option<usize>) -> Result<DeviceChoice, RunError> {
+    match given {
+        None => Ok(choose_device(snap)),
+        Some(d) => {
+            let n = snap.device_traces.len().max(snap.segments.iter().map(|s| s.device.max(0) as usize + 1).max().unwrap_or(0));
+            if d >= n {
+                return Err(RunError::NoDevice(d, n));
+            }
+            Ok(DeviceChoice { device: d, reason: DeviceReason::Given, candidates: vec![device_facts(snap, d)] })
+        }
+    }
+}
+
+impl DeviceChoice {
+    /// The choice in words, for a first line of output: `None` when there was no choice to make
+    /// (one device, or `--device` given).
+    pub fn describe(&self) -> Option<String> {
+        let others = |f: &dyn Fn(&DeviceFacts) -> String| {
+            self.candidates.iter().filter(|c| c.device != self.device).map(f).collect::<Vec<_>>().join(", ")
+        };
+        let me = self.candidates.iter().find(|c| c.device == self.device)?;
+        let gib = |b: u64| format_size(b);
+        let text = match self.reason {
+            DeviceReason::Given | DeviceReason::Only => return None,
+            DeviceReason::RanOutOfMemory => format!(
+                "device {} of {} with entries: it ran out of memory ({} OOM{}; {})",
+                self.device,
+                self.candidates.len(),
+                me.ooms,
+                if me.ooms == 1 { "" } else { "s" },
+                others(&|c| format!("device {}: {}", c.device, if c.ooms == 0 { "none".to_string() } else { c.ooms.to_string() }))
+            ),
+            DeviceReason::HighestPeak => format!(
+                "device {} of {} with entries: none ran out of memory and it has the highest peak reserved ({}; {})",
+                self.device,
+                self.candidates.len(),
+                gib(me.peak_reserved),
+                others(&|c| format!("device {}: {}", c.device, gib(c.peak_reserved)))
+            ),
+            DeviceReason::HasSegments => format!(
+                "device {}: no device recorded any trace entry, and it holds the snapshot's segments ({} reserved{})",
+                self.device,
+                gib(me.reserved_at_end),
+                if self.candidates.len() > 1 { format!("; {}", others(&|c| format!("device {}: {}", c.device, gib(c.reserved_at_end)))) } else { String::new() }
+            ),
+        };
+        Some(format!("{text}; --device N answers for another"))
+    }
+}
+
+/// The device holding the most of `segments` (reserved bytes), if any.
+pub fn device_with_most_segments(segments: &[SnapshotSegment]) -> Option<usize> {
+    let mut by: std::collections::BTreeMap<usize, u64> = std::collections::BTreeMap::new();
+    for s in segments {
+        *by.entry(s.device.max(0) as usize).or_default() += s.total_size;
+    }
+    by.into_iter().max_by_key(|&(d, b)| (b, std::cmp::Reverse(d))).map(|(d, _)| d)
+}
+
+/// The device that matters among replays of several devices (see [`worst_first`]): the same rule
+/// as [`choose_device`], on what the replays did.
+pub fn choice_of_replays(replays: &[ReplaySummary]) -> Option<DeviceChoice> {
+    let order = worst_first(replays);
+    let best = &replays[*order.first()?];
+    let candidates: Vec<DeviceFacts> = replays
+        .iter()
+        .map(|r| DeviceFacts {
+            device: r.device,
+            entries: r.requests,
+            ooms: r.outcome.ooms.len(),
+            peak_reserved: r.outcome.peak_reserved,
+            reserved_at_end: r.outcome.stats.reserved_bytes.all().current as u64,
+        })
+        .collect();
+    let reason = if replays.len() == 1 {
+        DeviceReason::Only
+    } else if best.outcome.ooms.is_empty() {
+        DeviceReason::HighestPeak
+    } else {
+        DeviceReason::RanOutOfMemory
+    };
+    Some(DeviceChoice { device: best.device, reason, candidates })
 }

@@ -101,6 +101,21 @@ pub struct InitialState {
 }
 
 impl InitialState {
+    /// Why a trace of `entries` entries starts from this state, in words: with no entries, there
+    /// is no history at all; with a round number of them (a multiple of 1000), the ring buffer of
+    /// `_record_memory_history(max_entries=…)` was most likely full and dropped older entries;
+    /// else history was turned on after the job had allocated memory (a snapshot does not say
+    /// which, so the ring buffer is named only where the count suggests it).
+    pub fn why(entries: usize) -> String {
+        if entries == 0 {
+            "no trace entries: only the final state is known".to_string()
+        } else if entries >= 1000 && entries.is_multiple_of(1000) {
+            format!("the trace holds exactly {entries} entries, as a full ring buffer of max_entries does: older entries were dropped")
+        } else {
+            "memory history was turned on after the job had allocated memory".to_string()
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.segments.is_empty()
     }

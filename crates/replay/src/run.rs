@@ -31,7 +31,7 @@ pub struct ReplaySpec<'a> {
     pub addresses_from: Option<&'a Snapshot>,
     /// Also replay under this many plausible placements.
     pub placements: Option<usize>,
-    /// Which device's trace; default: the first with entries.
+    /// Which device's trace; default: the one that matters ([`crate::devices::choose_device`]).
     pub device: Option<usize>,
     /// The PyTorch release whose allocator rules apply (the snapshot does not record it).
     pub torch_version: TorchVersion,
@@ -93,6 +93,8 @@ pub enum RunError {
 #[derive(Clone, Debug)]
 pub struct Replayed {
     pub device: usize,
+    /// Which device, and why.
+    pub choice: crate::devices::DeviceChoice,
     pub program: Program,
     pub options: ReplayOptions,
     pub outcome: ReplayOutcome,
@@ -160,6 +162,7 @@ impl Replayed {
             options: self.options,
             own_settings: self.own_settings,
             requests: self.program.requests.len(),
+            entries: self.trace.len(),
             outcome: self.outcome,
             oom_requests,
             unknown_frees: self.program.unknown_frees,
@@ -183,6 +186,8 @@ pub struct ReplaySummary {
     pub own_settings: bool,
     /// The requests in the trace (its `alloc` and `oom` entries).
     pub requests: usize,
+    /// The trace's entries.
+    pub entries: usize,
     /// The replay. Streamed: without `addresses` and `empty_cache` flags (not kept).
     pub outcome: ReplayOutcome,
     /// For each of `outcome.ooms`: its request, and `device_free` for PyTorch's message (see
@@ -252,6 +257,8 @@ pub fn same_settings(a: &AllocatorConfig, b: &AllocatorConfig) -> bool {
 #[derive(Clone, Debug)]
 pub struct Prepared {
     pub device: usize,
+    /// Which device, and why (see [`crate::devices::choose_device`]).
+    pub choice: crate::devices::DeviceChoice,
     pub trace: Vec<TraceEntry>,
     /// The snapshot's final segments of this device.
     pub segments: Vec<SnapshotSegment>,
@@ -297,7 +304,7 @@ impl Limits {
 }
 
 impl Prepared {
-    /// Prepares device `device` (default: the first with entries) of `snap` on a device of
+    /// Prepares device `device` (default: the one that matters, [`crate::devices::choose_device`]) of `snap` on a device of
     /// `device_memory` bytes. `trace_capacity`: the allowed maximum the trace was recorded under;
     /// `None`: inferred from the trace with the memory outside the allocator (`crate::budget`).
     pub fn new(snap: &Snapshot, device: Option<usize>, device_memory: u64, trace_capacity: Option<u64>) -> Result<Prepared, RunError> {
@@ -313,11 +320,8 @@ impl Prepared {
         trace_capacity: Option<u64>,
         version: TorchVersion,
     ) -> Result<Prepared, RunError> {
-        let device = match device {
-            Some(d) if d < snap.device_traces.len() => d,
-            Some(d) => return Err(RunError::NoDevice(d, snap.device_traces.len())),
-            None => snap.device_traces.iter().position(|t| !t.is_empty()).unwrap_or(0),
-        };
+        let choice = crate::devices::device_for(snap, device)?;
+        let device = choice.device;
         let trace = snap.device_traces.get(device).cloned().unwrap_or_default();
         let segments: Vec<_> = snap.segments.iter().filter(|s| s.device == device as i64).cloned().collect();
         crate::check::check_trace(device, &trace, &segments)?;
@@ -381,6 +385,7 @@ impl Prepared {
         Ok(Prepared {
             pools,
             device,
+            choice,
             empty_cache: own_outcome.empty_cache.clone(),
             trace,
             segments,
@@ -456,6 +461,40 @@ impl Prepared {
         same_settings(config, &self.own) && limits.capacity == self.trace_capacity && limits.outside == self.budget.outside
     }
 
+    /// The request at the peak of `outcome` (a replay of this trace under `config`, `limits` and
+    /// `placement`): where reserved memory first reached its peak, from the segment events; when
+    /// reserved memory never rose above where the trace started (no segment was made or mapped,
+    /// e.g. history turned on after warm-up), where allocated memory first reached its peak,
+    /// counting the blocks already live at the trace's start. `None` without requests.
+    pub fn peak_request(&self, outcome: &ReplayOutcome, config: &AllocatorConfig, limits: &Limits, placement: Placement) -> Option<u32> {
+        outcome.peak_reserved_request().or_else(|| self.peak_allocated_request(config, limits, placement))
+    }
+
+    /// The request whose malloc first brought allocated memory (with the blocks live at the
+    /// trace's start) to its peak, replaying under `config`, `limits` and `placement`.
+    pub fn peak_allocated_request(&self, config: &AllocatorConfig, limits: &Limits, placement: Placement) -> Option<u32> {
+        let opts = self.options(config, limits, placement);
+        let device = allocsim_model::SimDevice::new(opts.device_memory, opts.placement.clone());
+        let (mut best, mut at) = (-1i64, None);
+        let ops = &self.program.ops;
+        crate::replay::replay_observed(
+            &self.program,
+            &opts,
+            device,
+            |_, oi| self.empty_cache.get(oi).copied().unwrap_or(false),
+            |alloc, oi| {
+                let cur = alloc.stats.allocated_bytes.all().current;
+                if cur > best {
+                    best = cur;
+                    if let Some(crate::program::Op::Malloc(q)) = ops.get(oi) {
+                        at = Some(*q);
+                    }
+                }
+            },
+        );
+        at.or_else(|| (!self.program.requests.is_empty()).then_some(0))
+    }
+
     /// The stack recorded for request `req` (innermost first; empty when none was recorded).
     pub fn frames(&self, req: u32) -> &[Frame] {
         let stack = self.program.requests.get(req as usize).map_or(0, |r| r.stack as usize);
@@ -519,6 +558,6 @@ pub fn run(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Replayed, RunError>
             budget_ends.push(BudgetEnd { capacity, first_oom: o.first_oom(), ooms: o.ooms.len(), peak_reserved: o.peak_reserved });
         }
     }
-    let Prepared { device, program, trace, segments, budget, .. } = prepared;
-    Ok(Replayed { device, program, options, outcome, placements, trace, segments, own_settings, budget, budget_ends })
+    let Prepared { device, choice, program, trace, segments, budget, .. } = prepared;
+    Ok(Replayed { device, choice, program, options, outcome, placements, trace, segments, own_settings, budget, budget_ends })
 }

@@ -121,6 +121,10 @@ where
             return Err(StreamError::Run(e));
         }
     };
+    if let Some(why) = starts_with_segments(input, spec.device) {
+        // Known from the first pass alone: no need to stream the entries before reading whole.
+        return Ok(Streamed::Fallback(why));
+    }
     let trace_capacity = spec.trace_capacity_for(&own, &config);
     // No --capacity: the trace's own (`crate::run::Prepared::limits`).
     let own_settings = same_settings(&config, &own) && spec.capacity.or(trace_capacity) == trace_capacity;
@@ -134,6 +138,22 @@ where
         }
     }
     Ok(Streamed::Fallback("the cross-stream frees could not be settled in two passes".into()))
+}
+
+/// A device whose final segments hold segments or pages its segment events did not allocate
+/// ([`EmptyStart`]): its trace may start mid-history, and only the whole read reconstructs the
+/// state it starts from. Decided from the first pass's segment events alone, so real snapshots
+/// (history is usually turned on after the first CUDA allocation) do not stream twice.
+fn starts_with_segments(input: &StreamInput<'_>, only: Option<usize>) -> Option<String> {
+    let devices = input.segment_entries.len().max(input.segments.iter().map(|s| s.device.max(0) as usize + 1).max().unwrap_or(0));
+    (0..devices).filter(|&d| only.is_none_or(|o| o == d)).find_map(|d| {
+        let segments: Vec<SnapshotSegment> = input.segments.iter().filter(|s| s.device == d as i64).cloned().collect();
+        let mut start = EmptyStart::new(&segments);
+        for e in input.segment_entries.get(d).map_or(&[][..], |v| v.as_slice()) {
+            start.push(e);
+        }
+        (!start.finish()).then(|| format!("device {d}'s final segments hold segments or pages its trace did not allocate: the trace may start mid-history"))
+    })
 }
 
 struct Ctx<'a> {
@@ -173,12 +193,20 @@ where
             return Ok(Pass::Fallback(why));
         }
     }
+    if streams.iter().all(Option::is_none) {
+        // Without entries only the final state can be analysed, which the whole read does.
+        return Ok(Pass::Fallback("the trace has no entries".into()));
+    }
     let count = ctx.input.devices.unwrap_or(highest.map_or(0, |h| h + 1));
     let run: Vec<usize> = match ctx.spec.device {
         Some(d) => vec![d],
         None => {
             let with_entries: Vec<usize> = (0..streams.len()).filter(|&d| streams[d].is_some()).collect();
-            if with_entries.is_empty() { vec![0] } else { with_entries }
+            if with_entries.is_empty() {
+                vec![crate::devices::device_with_most_segments(ctx.input.segments).unwrap_or(0)]
+            } else {
+                with_entries
+            }
         }
     };
     let mut out = Vec::new();
@@ -487,6 +515,7 @@ impl<'a> DeviceStream<'a> {
             options: self.options,
             own_settings: self.own_settings,
             requests: self.builder.requests() as usize,
+            entries: self.index,
             outcome,
             oom_requests,
             unknown_frees: self.builder.unknown_frees,

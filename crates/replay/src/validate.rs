@@ -42,8 +42,31 @@ pub fn validate(r: &Replayed) -> Validation {
         recorded: recorded.len(),
         simulated: sim.len(),
         matched,
-        first_divergence: (recorded != sim)
-            .then(|| format!("event {matched}: recorded {}, simulated {}", show(recorded.get(matched)), show(sim.get(matched)))),
+        first_divergence: (recorded != sim).then(|| {
+            let (a, b) = (recorded.get(matched), sim.get(matched));
+            let which = match (a, b) {
+                (Some(a), Some(b)) => {
+                    let mut f = Vec::new();
+                    if a.1 != b.1 {
+                        f.push("action");
+                    }
+                    if a.3 != b.3 {
+                        f.push("size");
+                    }
+                    if a.2 != b.2 {
+                        f.push("address");
+                    }
+                    if a.0 != b.0 {
+                        f.push("request");
+                    }
+                    let last = f.pop().unwrap_or("fields");
+                    if f.is_empty() { format!("differs in its {last}: ") } else { format!("differs in its {} and {last}: ", f.join(", ")) }
+                }
+                (Some(_), None) => "was not made by the replay: ".to_string(),
+                _ => "was made by the replay only: ".to_string(),
+            };
+            format!("event {matched} {which}recorded {}, simulated {}", show(a), show(b))
+        }),
     };
     let sim_ooms: Vec<u32> = o.ooms.iter().map(|x| x.request).collect();
     let ooms = Agreement {
@@ -107,6 +130,58 @@ fn compare_final_segments(r: &Replayed) -> Agreement {
         recorded: rec.len(),
         simulated: sim.len(),
         matched: rec.iter().filter(|s| sim.contains(s)).count(),
-        first_divergence: (rec != sim).then(|| format!("segment {i}: recorded {}, simulated {}", show(rec.get(i)), show(sim.get(i)))),
+        first_divergence: (rec != sim).then(|| match (rec.get(i), sim.get(i)) {
+            (Some(x), Some(y)) => format!("segment {i}: {}", segment_difference(x, y)),
+            (x, y) => format!("segment {i}: recorded {}, simulated {}", show(x), show(y)),
+        }),
+    }
+}
+
+fn state_name(s: BlockState) -> &'static str {
+    match s {
+        BlockState::ActiveAllocated => "active_allocated",
+        BlockState::ActivePendingFree => "active_pending_free",
+        BlockState::Inactive => "inactive",
+    }
+}
+
+/// Which field of a final segment differs between the recording (`x`) and the replay (`y`).
+fn segment_difference(x: &SegmentShape, y: &SegmentShape) -> String {
+    if x.0 != y.0 {
+        return format!("the address differs: recorded {:#x} ({} bytes), simulated {:#x} ({} bytes)", x.0, x.1, y.0, y.1);
+    }
+    if x.1 != y.1 {
+        return format!("at {:#x} the size differs: recorded {} bytes, simulated {} bytes", x.0, x.1, y.1);
+    }
+    let k = x.2.iter().zip(&y.2).take_while(|(a, b)| a == b).count();
+    match (x.2.get(k), y.2.get(k)) {
+        (Some(a), Some(b)) if a.0 != b.0 => format!(
+            "at {:#x} ({} bytes) block {k}'s size differs: recorded {} bytes ({}), simulated {} bytes ({})",
+            x.0, x.1, a.0, state_name(a.1), b.0, state_name(b.1)
+        ),
+        (Some(a), Some(b)) => format!(
+            "at {:#x} ({} bytes) block {k} ({} bytes)'s state differs: recorded {}, simulated {}",
+            x.0, x.1, a.0, state_name(a.1), state_name(b.1)
+        ),
+        _ => format!("at {:#x} ({} bytes) the number of blocks differs: recorded {}, simulated {}", x.0, x.1, x.2.len(), y.2.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_segment_difference_names_the_field() {
+        use BlockState::*;
+        let rec: SegmentShape = (0x1000, 4 << 20, vec![(1 << 20, ActiveAllocated), (3 << 20, Inactive)]);
+        let state = (0x1000, 4 << 20, vec![(1 << 20, Inactive), (3 << 20, Inactive)]);
+        assert_eq!(segment_difference(&rec, &state), "at 0x1000 (4194304 bytes) block 0 (1048576 bytes)'s state differs: recorded active_allocated, simulated inactive");
+        let size = (0x1000, 4 << 20, vec![(2 << 20, ActiveAllocated), (2 << 20, Inactive)]);
+        assert!(segment_difference(&rec, &size).contains("block 0's size differs: recorded 1048576 bytes (active_allocated), simulated 2097152 bytes"));
+        let count = (0x1000, 4 << 20, vec![(1 << 20, ActiveAllocated), (3 << 20, Inactive), (0, Inactive)]);
+        assert!(segment_difference(&rec, &count).contains("the number of blocks differs: recorded 2, simulated 3"));
+        assert!(segment_difference(&rec, &(0x2000, 4 << 20, vec![])).starts_with("the address differs"));
+        assert!(segment_difference(&rec, &(0x1000, 2 << 20, vec![])).contains("the size differs"));
     }
 }

@@ -1,4 +1,4 @@
-//! PyTorch versions: the allocator rules that changed between 2.5 and 2.15
+//! PyTorch versions: the allocator rules that changed between 2.1 and 2.15
 //! (`shared/reference/allocator-spec.md` §13), selected with `--torch-version X.Y`.
 //!
 //! The model is PyTorch 2.11's; another version changes what differs in a way the model can
@@ -8,6 +8,7 @@
 //! |---|---|
 //! | ≤ 2.9 | PyTorch's own CUDA parser: keys of that release only (2.5: no `max_non_split_rounding_mb`, no `pinned_use_background_threads`; ≤ 2.8: no `graph_capture_record_stream_reuse`), `max_split_size_mb` and `max_non_split_rounding_mb` must be **> 20**, numbers through `stoi`, only `' '` is stripped, `,`/`:` are checked, and the errors are `RuntimeError`s: `Unrecognized CachingAllocator option: X`, `CachingAllocator option max_split_size_mb too small, must be > 20`, `garbage_collect_threshold too small, set it 0.0~1.0` / `too big` |
 //! | ≤ 2.9 | `roundup_power2_divisions:[…,>:N]` fills from the last explicit interval **inclusive** (overwriting it) |
+//! | 2.1–2.4 | not measured, and their sources were read only in part (the ≈2.3/2.4 `get_free_block` and `ExpandableSegment`): 2.5's rules apply (the hard-coded oversize tolerance and the legacy parser are documented for them); which settings keys each accepted was not checked, so 2.5's key set is taken. [`TorchVersion::note`] says so |
 //! | ≤ 2.5 | the oversize tolerance is the hard-coded `kLargeBuffer` (20 MiB): the same numbers as 2.6+'s default `max_non_split_rounding_mb`, which 2.5 does not accept |
 //! | 2.10 | 2.11's parsers without `large_segment_size_mb` (segments and the tolerance are 20 MiB) |
 //! | 2.12–2.15 | 2.11's rules; the later keys (`throw_on_cudamalloc_oom`, `pinned_free_catch_all`; 2.15: `pinned_max_round_threshold_mb`, `pinned_max_cached_size_mb`, `expandable_segments_reserve`, `expandable_segments_reserve_by_class`) are accepted and have no modelled effect |
@@ -34,7 +35,9 @@ pub struct TorchVersion {
 
 impl TorchVersion {
     pub const DEFAULT: TorchVersion = TorchVersion { major: 2, minor: 11 };
-    pub const OLDEST: TorchVersion = TorchVersion { major: 2, minor: 5 };
+    pub const OLDEST: TorchVersion = TorchVersion { major: 2, minor: 1 };
+    /// The oldest release whose rules were read in full or measured.
+    pub const OLDEST_CHECKED: TorchVersion = TorchVersion { major: 2, minor: 5 };
     pub const NEWEST: TorchVersion = TorchVersion { major: 2, minor: 15 };
 
     pub const fn new(major: u32, minor: u32) -> TorchVersion {
@@ -54,9 +57,23 @@ impl TorchVersion {
         }
         let v = TorchVersion { major, minor };
         if v < Self::OLDEST || v > Self::NEWEST {
-            return Err(format!("PyTorch {v} is not modelled: allocsim knows the allocator rules of {} to {}", Self::OLDEST, Self::NEWEST));
+            let why = if v < Self::OLDEST { " (snapshots before 2.1 record no trace of allocations)" } else { "" };
+            return Err(format!("PyTorch {v} is not modelled: allocsim knows the allocator rules of {} to {}{why}", Self::OLDEST, Self::NEWEST));
         }
         Ok(v)
+    }
+
+    /// What a user should know about the rules applied for this version (`None`: nothing
+    /// beyond the module's table).
+    pub fn note(self) -> Option<String> {
+        (self < Self::OLDEST_CHECKED).then(|| {
+            format!(
+                "PyTorch {self}'s allocator was not measured and its sources were read only in part: 2.5's rules apply \
+                 (the hard-coded 20 MiB oversize tolerance and the legacy settings parser, documented for ≤ 2.5; the \
+                 size rounding, best fit, splitting and retry rules read in the ≈2.4 sources are 2.11's); which settings \
+                 keys {self} accepted was not checked"
+            )
+        })
     }
 
     fn at_most(self, minor: u32) -> bool {
@@ -166,7 +183,7 @@ fn stod(s: &str) -> Result<f64, ConfigError> {
     Err(ConfigError("ValueError: stod".into()))
 }
 
-/// `CUDAAllocatorConfig::parseArgs` of 2.5–2.9 (its own lexer and checks).
+/// `CUDAAllocatorConfig::parseArgs` of 2.5–2.9 (its own lexer and checks; also taken for 2.1–2.4).
 fn parse_legacy(v: TorchVersion, conf: &str) -> Result<AllocatorConfig, ConfigError> {
     let mut c = AllocatorConfig { source: conf.to_string(), ..AllocatorConfig::default() };
     // lexArgs: `,` `:` `[` `]` are tokens; only ' ' is dropped.
@@ -345,7 +362,10 @@ mod tests {
         assert_eq!(TorchVersion::parse("2.11").unwrap(), v(11));
         assert_eq!(TorchVersion::parse("2.5.1").unwrap(), v(5));
         assert_eq!(TorchVersion::parse("2.11.0+cu130").unwrap(), v(11));
-        assert!(TorchVersion::parse("2.4").unwrap_err().contains("2.5 to 2.15"));
+        assert_eq!(TorchVersion::parse("2.4").unwrap(), v(4));
+        assert!(TorchVersion::parse("2.1").unwrap().note().is_some());
+        assert!(TorchVersion::parse("2.5").unwrap().note().is_none());
+        assert!(TorchVersion::parse("2.0").unwrap_err().contains("2.1 to 2.15"));
         assert!(TorchVersion::parse("eleven").is_err());
     }
 

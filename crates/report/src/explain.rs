@@ -129,6 +129,83 @@ pub const CANDIDATES: &[&str] = &[
     "expandable_segments:True,max_split_size_mb:128",
 ];
 
+/// The final state of a snapshot as it recorded it, for a snapshot without history (a segments
+/// list, or recording off): what is reserved, allocated and free, and the live blocks that keep
+/// free memory from being released, by segment and by call site (from the blocks' own stacks).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FinalState {
+    pub segments: usize,
+    pub reserved: u64,
+    pub allocated: u64,
+    pub free: u64,
+    pub largest_free_block: u64,
+    /// Free bytes in segments that live blocks keep from being released.
+    pub pinned_free: u64,
+    pub pinned: Vec<PinnedSegment>,
+    pub pinning_sites: Vec<PinningSite>,
+}
+
+/// [`FinalState`] of `prepared`'s device, from the snapshot's final segments.
+pub fn final_state(prepared: &Prepared) -> FinalState {
+    use allocsim_trace::BlockState;
+    let stack = |id: u32| prepared.stacks.get(id as usize).map_or(&[][..], |v| v.as_slice());
+    let (mut reserved, mut allocated, mut free, mut largest) = (0, 0, 0, 0);
+    let mut pinned = Vec::new();
+    for seg in &prepared.segments {
+        reserved += seg.total_size;
+        let f: u64 = seg.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size).sum();
+        let l = seg.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size).max().unwrap_or(0);
+        allocated += seg.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.size).sum::<u64>();
+        free += f;
+        largest = largest.max(l);
+        let live: Vec<LiveBlock> = seg
+            .blocks
+            .iter()
+            .filter(|b| b.state != BlockState::Inactive)
+            .map(|b| LiveBlock { request: u32::MAX, size: b.size, requested: b.requested_size, call_site: allocsim_trace::frames::call_site(stack(b.stack)) })
+            .collect();
+        if f > 0 && !live.is_empty() {
+            pinned.push(PinnedSegment {
+                address: seg.address,
+                size: seg.total_size,
+                free: f,
+                largest_free_block: l,
+                stream: seg.stream,
+                small: seg.is_small,
+                expandable: seg.is_expandable,
+                pool_id: seg.pool_id,
+                live,
+            });
+        }
+    }
+    pinned.sort_by(|a, b| b.free.cmp(&a.free).then(a.address.cmp(&b.address)));
+    // The stack of the first live block of each call site, by address.
+    let stacks_by_addr: HashMap<u64, u32> =
+        prepared.segments.iter().flat_map(|s| s.blocks.iter().filter(|b| b.state != BlockState::Inactive).map(|b| (b.address, b.stack))).collect();
+    let addr_of = |seg: &PinnedSegment, i: usize| -> u64 {
+        let ps = prepared.segments.iter().find(|s| s.address == seg.address);
+        ps.and_then(|s| s.blocks.iter().filter(|b| b.state != BlockState::Inactive).nth(i)).map_or(0, |b| b.address)
+    };
+    let mut sites: HashMap<String, PinningSite> = HashMap::new();
+    for seg in &pinned {
+        let share = seg.free / seg.live.len() as u64;
+        for (i, b) in seg.live.iter().enumerate() {
+            let name = b.call_site.clone().unwrap_or_else(|| "(no stack recorded)".to_string());
+            let e = sites.entry(name.clone()).or_insert_with(|| {
+                let frames = stacks_by_addr.get(&addr_of(seg, i)).map_or(Vec::new(), |&id| stack(id).to_vec());
+                PinningSite { call_site: name, frames, blocks: 0, live_bytes: 0, pinned_free: 0 }
+            });
+            e.blocks += 1;
+            e.live_bytes += b.size;
+            e.pinned_free += share;
+        }
+    }
+    let mut pinning_sites: Vec<PinningSite> = sites.into_values().collect();
+    pinning_sites.sort_by(|a, b| b.pinned_free.cmp(&a.pinned_free).then(a.call_site.cmp(&b.call_site)));
+    let pinned_free = pinned.iter().map(|s| s.free).sum();
+    FinalState { segments: prepared.segments.len(), reserved, allocated, free, largest_free_block: largest, pinned_free, pinned, pinning_sites }
+}
+
 fn truncated(p: &Program, ops: usize) -> Program {
     Program { ops: p.ops[..ops].to_vec(), ..p.clone() }
 }
@@ -171,7 +248,7 @@ pub fn explain(
         At::FirstOom => (full.first_oom()?, false),
         At::Request(n) => (n, false),
         // The request whose events reached the peak.
-        At::Peak => (full.peak_reserved_request().unwrap_or(0), true),
+        At::Peak => (prepared.peak_request(&full, config, &limits, placement.clone()).unwrap_or(0), true),
     };
     let r = *prepared.program.requests.get(req as usize)?;
     let k = op_index_of_malloc(&prepared.program, req)?;
@@ -337,8 +414,10 @@ pub struct OomCause {
     pub recorded_oom: bool,
     /// `"allowed_maximum"` (the fraction check refused) or `"device_full"` (the device had no room).
     pub limit: &'static str,
-    /// Enough memory was reserved but unallocated to hold the request, only not in one block it
-    /// could use: fragmentation (else the live tensors themselves left too little room).
+    /// The live tensors and the request fit in what the allocator could hold (the allowed
+    /// maximum, or its reserved bytes plus the device's free ones), only the free memory was not
+    /// in one block it could use: fragmentation (else the live tensors themselves left too
+    /// little room).
     pub fragmentation: bool,
     pub size: u64,
     pub call_site: Option<String>,
@@ -349,9 +428,9 @@ impl OomCause {
     pub fn describe(&self) -> String {
         let limit = if self.limit == "device_full" { "the device was full" } else { "over the allowed maximum" };
         if self.fragmentation {
-            format!("{limit}, with enough reserved-but-unallocated memory that no block could use (fragmentation)")
+            format!("{limit}, though the live tensors and this request fit in what the allocator could hold: its free memory was not in one block it could use (fragmentation)")
         } else {
-            format!("{limit}, with too little memory free even counting reserved-but-unallocated (the live tensors)")
+            format!("{limit}: the live tensors and this request need more than the allocator could hold, however its free memory lay")
         }
     }
     /// Whether two OOMs have the same cause (limit and fragmentation).
@@ -368,12 +447,16 @@ pub fn oom_causes(prepared: &Prepared, outcome: &allocsim_replay::ReplayOutcome)
         .map(|o| {
             let i = &o.info;
             let over_allowed = i.allowed_memory_maximum.is_some_and(|a| i.reserved_bytes + i.alloc_size > a);
-            let unallocated = i.reserved_bytes.saturating_sub(i.allocated_bytes + i.allocated_in_private_pools);
+            // What the allocator could have held: the allowed maximum, or what it had reserved plus
+            // what the device still had free, whichever is less. Fragmentation: the live tensors
+            // and this request fit in it, only the free memory was not in a block it could use.
+            let room = (i.reserved_bytes + i.device_free).min(i.allowed_memory_maximum.unwrap_or(u64::MAX));
+            let live = i.allocated_bytes + i.allocated_in_private_pools;
             OomCause {
                 request: o.request,
                 recorded_oom: prepared.program.requests.get(o.request as usize).is_some_and(|r| r.recorded_oom),
                 limit: if over_allowed || i.device_free >= i.alloc_size { "allowed_maximum" } else { "device_full" },
-                fragmentation: unallocated >= i.rounded_size,
+                fragmentation: live + i.rounded_size <= room,
                 size: i.rounded_size,
                 call_site: prepared.call_site(o.request),
             }

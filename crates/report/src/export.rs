@@ -153,5 +153,6 @@ pub fn simulated_snapshot(prepared: &Prepared, config: &AllocatorConfig, capacit
         stacks: prepared.stacks.clone(),
         annotations: prepared.annotations.clone(),
         entry_metas: prepared.entry_metas.clone(),
+        segments_only: false,
     }
 }

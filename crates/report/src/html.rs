@@ -69,7 +69,7 @@ pub fn build(prepared: &Prepared, title: &str, configs: &[(String, AllocatorConf
     let mut oom_messages = Vec::new();
     if let Some(first) = runs.first() {
         // The segment map at the peak of the first config, and at its first OOM.
-        let peak_req = peak_request(&first.outcome);
+        let peak_req = prepared.peak_request(&first.outcome, &first.config, &prepared.limits(capacity), placement.clone()).unwrap_or(0);
         if let Some(k) = op_index_of_malloc(&prepared.program, peak_req) {
             maps.push((
                 format!("Segments after request {peak_req}, at peak reserved ({}) — {}", fs(first.outcome.peak_reserved), first.label),
@@ -194,10 +194,6 @@ pub fn iterations_svg(ph: &Phases) -> String {
     }
     let _ = write!(s, r##"<text x="{}" y="{}" text-anchor="middle" fill="#333">iteration</text></svg>"##, ML + (W - ML) / 2.0, H - 2.0);
     s
-}
-
-fn peak_request(o: &ReplayOutcome) -> u32 {
-    o.peak_reserved_request().unwrap_or(0)
 }
 
 /// The timeline: reserved (solid), allocated (dashed) per run; the allowed maximum; OOM markers.

@@ -310,8 +310,13 @@ impl JsonlFile {
             if b.is_empty() || seen > 1 << 20 {
                 return Ok(None);
             }
-            if let Some(&c) = b.iter().find(|c| !c.is_ascii_whitespace()) {
-                return Ok((c == b'{').then_some(file));
+            if let Some(at) = b.iter().position(|c| !c.is_ascii_whitespace()) {
+                if b[at] != b'{' {
+                    return Ok(None);
+                }
+                // A snapshot saved as JSON is read whole, as a pickle is.
+                let head = &b[at..b.len().min(at + 4096)];
+                return Ok((!crate::is_json_snapshot(head)).then_some(file));
             }
             let n = b.len();
             seen += n;

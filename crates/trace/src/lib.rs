@@ -274,6 +274,9 @@ pub struct Snapshot {
     pub annotations: Vec<Annotation>,
     /// The distinct non-default per-entry metadata (see [`MetaId`]).
     pub entry_metas: Vec<EntryMeta>,
+    /// Read from a list of segments (`torch.cuda.memory_snapshot()`): the final state only, no
+    /// trace and no settings.
+    pub segments_only: bool,
 }
 
 impl Snapshot {
@@ -293,6 +296,29 @@ impl Snapshot {
 
     fn meta(&self, id: MetaId) -> Option<&EntryMeta> {
         self.entry_metas.get((id as usize).checked_sub(1)?)
+    }
+
+    /// Whether no device recorded a trace entry.
+    pub fn has_no_history(&self) -> bool {
+        self.device_traces.iter().all(|t| t.is_empty())
+    }
+
+    /// What a snapshot without any trace entry can and cannot tell, and how to record one that
+    /// has them; `None` when some device has entries.
+    pub fn no_history_note(&self) -> Option<String> {
+        if !self.has_no_history() {
+            return None;
+        }
+        let what = if self.segments_only {
+            "a list of segments (torch.cuda.memory_snapshot()): the final state only, no history of allocations"
+        } else {
+            "a snapshot with no trace entries: memory history was not being recorded when it was taken"
+        };
+        Some(format!(
+            "{what}; only the final state is analysed (its segments, fragmentation and the blocks pinning free memory). \
+             To record the history: torch.cuda.memory._record_memory_history(max_entries=100000) before the code to \
+             analyse, then torch.cuda.memory._dump_snapshot(\"snapshot.pickle\")"
+        ))
     }
 }
 
@@ -343,12 +369,41 @@ pub fn read_trace_bytes(bytes: &[u8]) -> Result<Snapshot, TraceError> {
     } else {
         bytes
     };
-    let first = bytes.iter().copied().find(|b| !b.is_ascii_whitespace());
-    if first == Some(b'{') {
-        jsonl::read(bytes)
-    } else {
-        snapshot::from_pickle(bytes)
+    let start = bytes.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(bytes.len());
+    match bytes.get(start) {
+        Some(b'{') if is_json_snapshot(&bytes[start..]) => snapshot::from_json(bytes),
+        Some(b'{') => jsonl::read(bytes),
+        Some(b'[') => snapshot::from_json(bytes),
+        _ => snapshot::from_pickle(bytes),
     }
+}
+
+/// The keys of the dict `torch.cuda.memory._snapshot()` returns.
+const SNAPSHOT_KEYS: &[&str] = &["segments", "device_traces", "allocator_settings", "external_annotations"];
+
+/// Whether text that starts with `{` (after white space) is a snapshot saved as JSON
+/// (`json.dump(torch.cuda.memory._snapshot(), f)`, what Mosaic reads) rather than allocsim's JSON
+/// Lines: its first key is one of the snapshot's (a JSON Lines file starts with its header,
+/// `{"format":…`, or an event). Decided from the first key alone, so a prefix of the file does.
+pub fn is_json_snapshot(text: &[u8]) -> bool {
+    let mut i = 0;
+    let skip = |i: &mut usize| {
+        while text.get(*i).is_some_and(|b| b.is_ascii_whitespace()) {
+            *i += 1;
+        }
+    };
+    skip(&mut i);
+    if text.get(i) != Some(&b'{') {
+        return false;
+    }
+    i += 1;
+    skip(&mut i);
+    if text.get(i) != Some(&b'"') {
+        return false;
+    }
+    let rest = &text[i + 1..];
+    let Some(end) = rest.iter().position(|&b| b == b'"' || b == b'\\') else { return false };
+    SNAPSHOT_KEYS.iter().any(|k| k.as_bytes() == &rest[..end])
 }
 
 fn gunzip_from(r: impl std::io::Read, compressed_len: usize) -> Result<Vec<u8>, TraceError> {

@@ -246,9 +246,7 @@ impl Memo {
         let i = idx as usize & (PAGE - 1);
         match self.pages.get((idx >> PAGE_BITS) as usize) {
             Some(Some(Page::Full(p))) => p[i],
-            Some(Some(Page::Na(bits))) => {
-                if bits[i / 64] >> (i % 64) & 1 != 0 { NA_CODE } else { 0 }
-            }
+            Some(Some(Page::Na(bits))) if bits[i / 64] >> (i % 64) & 1 != 0 => NA_CODE,
             _ => 0,
         }
     }
@@ -285,6 +283,16 @@ impl Memo {
     /// not kept: their slot stays empty.
     #[inline]
     fn put(&mut self, idx: u64, v: V) -> Result<(), TraceError> {
+        // The common case: torch's fresh 'N/A' at the next index of an 'N/A' page.
+        if v == V::Word(W_NA)
+            && idx == self.count
+            && let Some(Some(Page::Na(bits))) = self.pages.get_mut((idx >> PAGE_BITS) as usize)
+        {
+            let i = idx as usize & (PAGE - 1);
+            bits[i / 64] |= 1 << (i % 64);
+            self.count += 1;
+            return Ok(());
+        }
         if idx > self.count {
             return unstreamable("a memo index out of sequence");
         }
@@ -508,6 +516,8 @@ struct Vm {
 const GENERIC_SEQ: u64 = u64::MAX - 1;
 /// Marks an entry slot of [`Vm::ready`].
 const READY: u32 = 1 << 31;
+/// An entry the first pass does not keep.
+const SKIPPED: u32 = u32::MAX;
 const FRAMES_SEQ: u64 = u64::MAX;
 
 impl Vm {
@@ -877,6 +887,10 @@ impl Vm {
 
     /// Converts a complete entry dict (as [`crate::snapshot`] does) and hands it on.
     fn finish_entry(&mut self, slot: u32, dev: u32) -> Result<(), TraceError> {
+        if slot == SKIPPED {
+            self.entry_count += 1;
+            return Ok(());
+        }
         let e = if slot & READY != 0 {
             let id = slot & !READY;
             self.ready_free.push(id);
@@ -1259,14 +1273,15 @@ impl Vm {
             if i + 12 > b.len() {
                 return Ok(false);
             }
-            let code = match b[i] {
+            let kw: &[u8; 12] = b[i..i + 12].try_into().map_err(|_| TraceError::Unstreamable("window".into()))?;
+            let code = match kw[0] {
                 b'h' => {
                     i += 2;
-                    memo.code(b[i - 1] as u64)
+                    memo.code(kw[1] as u64)
                 }
                 b'j' => {
                     i += 5;
-                    memo.code(u32_at(i - 4))
+                    memo.code(u32::from_le_bytes([kw[1], kw[2], kw[3], kw[4]]) as u64)
                 }
                 b'u' => {
                     i += 1;
@@ -1275,31 +1290,33 @@ impl Vm {
                 _ => return Ok(false),
             };
             let k = code.wrapping_sub(1) as usize;
-            if k >= FIELDS {
+            if k >= FIELDS || i + 12 > b.len() {
                 return Ok(false);
             }
-            match b[i] {
+            // The value's opcode and up to 11 argument bytes (one bounds check).
+            let w: &[u8; 12] = b[i..i + 12].try_into().map_err(|_| TraceError::Unstreamable("window".into()))?;
+            match w[0] {
                 op @ (b'K' | b'M' | b'J' | 0x8a) => {
                     let x = match op {
                         b'K' => {
                             i += 2;
-                            b[i - 1] as i64
+                            w[1] as i64
                         }
                         b'M' => {
                             i += 3;
-                            u16::from_le_bytes([b[i - 2], b[i - 1]]) as i64
+                            u16::from_le_bytes([w[1], w[2]]) as i64
                         }
                         b'J' => {
                             i += 5;
-                            u32_at(i - 4) as u32 as i32 as i64
+                            i32::from_le_bytes([w[1], w[2], w[3], w[4]]) as i64
                         }
                         _ => {
-                            let n = b[i + 1] as usize;
+                            let n = w[1] as usize;
                             if n > 8 {
                                 return Ok(false);
                             }
                             // The n bytes, sign-extended (8 bytes are in the window).
-                            let raw = u64::from_le_bytes([b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7], b[i + 8], b[i + 9]]);
+                            let raw = u64::from_le_bytes([w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9]]);
                             i += 2 + n;
                             if n == 0 {
                                 0
@@ -1317,10 +1334,10 @@ impl Vm {
                 op @ (b'h' | b'j') => {
                     let c = if op == b'h' {
                         i += 2;
-                        memo.code(b[i - 1] as u64)
+                        memo.code(w[1] as u64)
                     } else {
                         i += 5;
-                        memo.code(u32_at(i - 4))
+                        memo.code(u32::from_le_bytes([w[1], w[2], w[3], w[4]]) as u64)
                     };
                     let w = c.wrapping_sub(1);
                     match k {
@@ -1426,6 +1443,11 @@ impl Vm {
         }
         if let V::List(id) | V::Tuple(id) = frames {
             self.seq_checked[id as usize] = true;
+        }
+        if self.mode == Mode::Scan && !matches!(act, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap) {
+            // The first pass keeps only segment entries: counted when appended.
+            self.stack.push(V::Entry(SKIPPED));
+            return Ok(true);
         }
         let e = TraceEntry { action: act, addr, size, stream, time_us, stack: 0, meta: 0 };
         let id = match self.ready_free.pop() {

@@ -8,6 +8,9 @@
 //! * `segments` → [`SnapshotSegment`] with its `blocks` (a block without `address` gets the
 //!   running sum from the segment address, like `_memory_viz.py`).
 //! * `allocator_settings` → [`RecordedSettings`].
+//! * a list at the top (`torch.cuda.memory_snapshot()`: segments only) → a [`Snapshot`] with
+//!   those segments, every device's trace empty and [`Snapshot::segments_only`] set.
+//! * [`from_json`]: the same values saved as JSON (`json.dump`).
 //! * per entry, `compile_context` and `user_metadata` (torch 2.8+ / 2.10+; both `str`) →
 //!   [`TraceEntry::meta`], interned; absent keys mean torch's defaults (`'N/A'`, `''`).
 //! * `external_annotations` (torch 2.5+) → [`Snapshot::annotations`]: each a dict with `device`
@@ -20,6 +23,8 @@
 //! Streams are stored as `u64`; a negative stream (an `int64`-typed pickler) wraps.
 
 use std::collections::HashMap;
+
+use crate::pickle_write::PyValue;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::pickle::{self, Decoded, Value};
@@ -35,9 +40,84 @@ pub fn from_pickle(bytes: &[u8]) -> Result<Snapshot, TraceError> {
     from_decoded(&d)
 }
 
+/// Decodes a snapshot saved as JSON (`json.dump(torch.cuda.memory._snapshot(), f)`, the form
+/// Mosaic reads; or the list `torch.cuda.memory_snapshot()` returns): the same values, with
+/// tuples as lists and dict keys as strings. The JSON is turned into the pickle of the same
+/// Python value and decoded as one, so both forms follow one set of rules.
+pub fn from_json(bytes: &[u8]) -> Result<Snapshot, TraceError> {
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = JsonValue
+        .deserialize(&mut de)
+        .and_then(|v| de.end().map(|()| v))
+        .map_err(|e| ns(format!("JSON: {e} (a snapshot saved with json.dump, or allocsim's JSON Lines, was expected)")))?;
+    from_pickle(&crate::pickle_write::dumps(&value))
+}
+
+/// Deserializes any JSON value as the Python value `json.load` gives (keeping the order of keys).
+struct JsonValue;
+
+impl<'de> serde::de::DeserializeSeed<'de> for JsonValue {
+    type Value = PyValue;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<PyValue, D::Error> {
+        d.deserialize_any(JsonVisitor)
+    }
+}
+
+struct JsonVisitor;
+
+impl<'de> serde::de::Visitor<'de> for JsonVisitor {
+    type Value = PyValue;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<PyValue, E> {
+        Ok(PyValue::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<PyValue, E> {
+        Ok(PyValue::Int(v as i128))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<PyValue, E> {
+        Ok(PyValue::Int(v as i128))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<PyValue, E> {
+        Ok(PyValue::Float(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<PyValue, E> {
+        Ok(PyValue::Str(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<PyValue, E> {
+        Ok(PyValue::Str(v))
+    }
+    fn visit_unit<E>(self) -> Result<PyValue, E> {
+        Ok(PyValue::None)
+    }
+    fn visit_none<E>(self) -> Result<PyValue, E> {
+        Ok(PyValue::None)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<PyValue, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element_seed(JsonValue)? {
+            out.push(v);
+        }
+        Ok(PyValue::List(out))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<PyValue, A::Error> {
+        let mut out = Vec::new();
+        while let Some(k) = map.next_key::<String>()? {
+            let v = map.next_value_seed(JsonValue)?;
+            out.push((PyValue::Str(k), v));
+        }
+        Ok(PyValue::Dict(out))
+    }
+}
+
 /// Converts an already decoded pickle.
 pub fn from_decoded(d: &Decoded<'_>) -> Result<Snapshot, TraceError> {
     let root = d.root();
+    if let Some(items) = d.items(root).filter(|_| matches!(root, Value::List(_))) {
+        return segments_only(d, items);
+    }
     let Some(top) = d.dict(root) else {
         return Err(ns(format!(
             "top-level is a {}, expected the dict returned by torch.cuda.memory._snapshot()",
@@ -57,7 +137,10 @@ pub fn from_decoded(d: &Decoded<'_>) -> Result<Snapshot, TraceError> {
     let Some(traces) = traces else {
         if segments.is_some_and(|s| has_history(d, s)) {
             return Err(ns(
-                "snapshot from PyTorch < 2.1 (blocks carry 'history', no 'device_traces'); re-record with torch>=2.1",
+                "snapshot from PyTorch < 2.1 (blocks carry 'history', no 'device_traces'), which has no \
+                 trace of allocations to replay; re-record with torch >= 2.1: \
+                 torch.cuda.memory._record_memory_history(max_entries=100000) before the code to \
+                 analyse, then torch.cuda.memory._dump_snapshot('snapshot.pickle')",
             ));
         }
         let keys: Vec<String> = top
@@ -120,6 +203,27 @@ pub fn from_decoded(d: &Decoded<'_>) -> Result<Snapshot, TraceError> {
     if let Some(a) = annotations {
         snap.annotations = annotations_of(d, a)?;
     }
+    snap.stacks = c.stacks;
+    snap.entry_metas = c.metas.into_metas();
+    Ok(snap)
+}
+
+/// A list of segments, what `torch.cuda.memory_snapshot()` returns: the final state only, no
+/// trace (every device's trace empty; [`Snapshot::segments_only`]).
+fn segments_only(d: &Decoded<'_>, items: &[Value]) -> Result<Snapshot, TraceError> {
+    let mut c = Conv::new(d);
+    let mut snap = Snapshot { stacks: vec![Vec::new()], segments_only: true, ..Default::default() };
+    for (i, &sv) in items.iter().enumerate() {
+        if d.dict(sv).is_none() {
+            return Err(ns(format!(
+                "top-level is a list whose item {i} is a {}, expected the segments torch.cuda.memory_snapshot() returns or the dict of torch.cuda.memory._snapshot()",
+                sv.type_name()
+            )));
+        }
+        snap.segments.push(c.segment(sv, i)?);
+    }
+    let devices = snap.segments.iter().map(|s| s.device.max(0) as usize + 1).max().unwrap_or(1);
+    snap.device_traces = vec![Vec::new(); devices];
     snap.stacks = c.stacks;
     snap.entry_metas = c.metas.into_metas();
     Ok(snap)

@@ -154,9 +154,10 @@ fn helpful_errors() {
         "{m}"
     );
     let m = not_snapshot("snap/pre21.pickle");
-    assert_eq!(
-        m,
-        "snapshot from PyTorch < 2.1 (blocks carry 'history', no 'device_traces'); re-record with torch>=2.1"
+    assert!(
+        m.starts_with("snapshot from PyTorch < 2.1 (blocks carry 'history', no 'device_traces')")
+            && m.contains("torch.cuda.memory._record_memory_history(max_entries=100000)"),
+        "{m}"
     );
     match from_pickle(&fixture("refuse/ordered_dict_p4.pickle")) {
         Err(e @ TraceError::Pickle(_)) => assert!(e.to_string().contains("STACK_GLOBAL"), "{e}"),

@@ -217,6 +217,7 @@ fn synthetic() -> Snapshot {
             EntryMeta { compile_context: "N/A".into(), user_metadata: "step 3".into() },
             EntryMeta { compile_context: "".into(), user_metadata: "ü".into() },
         ],
+        segments_only: false,
     }
 }
 

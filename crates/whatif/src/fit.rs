@@ -98,6 +98,17 @@ pub fn fit(prepared: &Prepared, config: &AllocatorConfig, placement: &Placement)
     }
 }
 
+/// Replays `prepared` under `config` and `placement` on a card of `card` bytes of which `outside`
+/// are held outside the allocator (the CUDA context, other libraries): the allowed maximum is what
+/// is left. Whether a card fits is this replay's answer, not a comparison with a fitted capacity
+/// (fitting need not be monotone in the capacity).
+pub fn on_card(prepared: &Prepared, config: &AllocatorConfig, placement: &Placement, card: u64, outside: u64) -> allocsim_replay::ReplayOutcome {
+    let usable = card.saturating_sub(outside);
+    let mut opts = prepared.options(config, &allocsim_replay::run::Limits::capacity(Some(usable)), placement.clone());
+    opts.device_memory = card;
+    allocsim_replay::replay(&prepared.program, &opts, allocsim_replay::EmptyCacheCalls::Given(&prepared.empty_cache))
+}
+
 /// How a fitted allowed maximum compares with the budget the trace itself had.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -29,6 +29,9 @@ pub struct Outcome {
     pub num_device_free: i64,
     /// Estimated time in cudaMalloc/cudaFree/map/unmap calls (see `cost`).
     pub device_call_us: f64,
+    /// At the first OOM, how many bytes more the allocator needed: the segment it asked for less
+    /// what the allowed maximum (or the device) still had room for.
+    pub first_oom_shortfall: Option<u64>,
     /// Not replayed separately: this config cannot behave differently from the named one on this
     /// trace (see [`sweep_with`]), so this is that config's outcome.
     pub same_as: Option<String>,
@@ -49,6 +52,14 @@ impl Outcome {
             num_device_alloc: s.num_device_alloc,
             num_device_free: s.num_device_free,
             device_call_us: device_call_us(&o.segment_events, large_page),
+            first_oom_shortfall: o.ooms.first().map(|x| {
+                let i = &x.info;
+                let room = match i.allowed_memory_maximum {
+                    Some(a) => a.saturating_sub(i.reserved_bytes).min(i.device_free),
+                    None => i.device_free,
+                };
+                i.alloc_size.saturating_sub(room)
+            }),
             same_as: None,
         }
     }
@@ -376,6 +387,53 @@ pub fn replay_count(points: &[GridPoint], placements: usize) -> usize {
         .sum()
 }
 
+/// What `sweep` recommends, from its ranked rows (`own`: the index of the trace's own settings
+/// among them, when the grid holds them).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Recommendation {
+    /// The trace's own settings rank first.
+    KeepOwn { own: usize },
+    /// `best` helps over the trace's own settings: fewer placements run out of memory, the first
+    /// OOM comes later, or the worst peak reserved is at least [`MIN_GAIN`] lower.
+    Better { best: usize, own: usize },
+    /// No setting helps over the trace's own settings (ties on OOMs, and peak reserved within
+    /// [`MIN_GAIN`]): nothing to change.
+    OwnAsGood { own: usize, best: usize },
+    /// The grid does not hold the trace's own settings: the best of it.
+    Best { best: usize },
+    /// Every setting runs out of memory in every placement; `smallest` has the smallest shortfall
+    /// at its first OOM (bytes).
+    AllOom { smallest: usize, shortfall: u64, request: u32 },
+}
+
+/// A peak reserved lower by less than this fraction is no gain worth a change of settings.
+pub const MIN_GAIN: f64 = 0.01;
+
+/// The recommendation for `rows` (ranked best first, as [`sweep`] returns them).
+pub fn recommend(rows: &[Row], own: Option<usize>) -> Option<Recommendation> {
+    let valid: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].rejected.is_none() && !rows[i].outcomes.is_empty()).collect();
+    let &best = valid.first()?;
+    if valid.iter().all(|&i| rows[i].placements_with_oom() == rows[i].outcomes.len()) {
+        let (smallest, shortfall, request) = valid
+            .iter()
+            .flat_map(|&i| rows[i].outcomes.iter().map(move |o| (i, o)))
+            .filter_map(|(i, o)| Some((i, o.first_oom_shortfall?, o.first_oom?)))
+            .min_by_key(|&(i, s, q)| (s, std::cmp::Reverse(q), i))?;
+        return Some(Recommendation::AllOom { smallest, shortfall, request });
+    }
+    let Some(own) = own else { return Some(Recommendation::Best { best }) };
+    if own == best {
+        return Some(Recommendation::KeepOwn { own });
+    }
+    let (b, o) = (&rows[best], &rows[own]);
+    let earliest = |r: &Row| r.outcomes.iter().map(|x| x.first_oom.map_or(u32::MAX, |q| q)).min().unwrap_or(u32::MAX);
+    let worst_peak = |r: &Row| r.peak_reserved_range().map_or(u64::MAX, |x| x.1);
+    let helps = b.placements_with_oom() < o.placements_with_oom()
+        || (b.placements_with_oom() == o.placements_with_oom() && earliest(b) > earliest(o))
+        || (worst_peak(b) as f64) < worst_peak(o) as f64 * (1.0 - MIN_GAIN);
+    Some(if helps { Recommendation::Better { best, own } } else { Recommendation::OwnAsGood { own, best } })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,10 +458,27 @@ mod tests {
                     num_device_alloc: 0,
                     num_device_free: 0,
                     device_call_us: 0.0,
+                    first_oom_shortfall: o.map(|_| 1 << 20),
                     same_as: None,
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn recommends_only_what_helps() {
+        // Equal peaks (within 1%) and no OOM: the own settings are as good.
+        let rows = vec![row("x", &[1000, 1000], &[None, None]), row("", &[1005, 1005], &[None, None])];
+        assert_eq!(recommend(&rows, Some(1)), Some(Recommendation::OwnAsGood { own: 1, best: 0 }));
+        // 10% lower: better.
+        let rows = vec![row("x", &[900, 900], &[None, None]), row("", &[1000, 1000], &[None, None])];
+        assert_eq!(recommend(&rows, Some(1)), Some(Recommendation::Better { best: 0, own: 1 }));
+        // Avoiding an OOM is better whatever the peak.
+        let rows = vec![row("x", &[1000], &[None]), row("", &[990], &[Some(3)])];
+        assert_eq!(recommend(&rows, Some(1)), Some(Recommendation::Better { best: 0, own: 1 }));
+        // Every config runs out of memory: no recommendation of a setting.
+        let rows = vec![row("x", &[1000], &[Some(9)]), row("", &[990], &[Some(3)])];
+        assert!(matches!(recommend(&rows, Some(1)), Some(Recommendation::AllOom { .. })));
     }
 
     #[test]

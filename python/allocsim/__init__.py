@@ -1,0 +1,315 @@
+"""allocsim: PyTorch's CUDA caching allocator, replayed.
+
+Load a memory snapshot (a file that ``torch.cuda.memory._dump_snapshot()`` wrote, its bytes, or
+the dict ``torch.cuda.memory._snapshot()`` returns in the running process) and ask it what the
+``allocsim`` command line answers::
+
+    s = allocsim.load("snapshot.pickle")
+    print(s.explain())                 # why the first recorded OOM happened
+    s.sweep().to_dict()["rows"][0]     # the best setting, as `allocsim sweep --json` gives it
+
+Every answer's ``str()`` is the command line's text and ``to_dict()``/``to_json()`` its
+``--json``. Decoding and replaying release the GIL. ``allocsim.torch`` records snapshots and
+explains OOMs inside a training process.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Any, Dict, Iterable, Optional, Sequence, Union
+
+from . import _allocsim
+from ._allocsim import ConfigError, Error, TraceError, parse_size
+from ._results import (
+    Answer,
+    Explanation,
+    FitResult,
+    PhasesResult,
+    ReplayResult,
+    SweepResult,
+    ValidateResult,
+)
+
+__all__ = [
+    "load",
+    "Snapshot",
+    "Error",
+    "TraceError",
+    "ConfigError",
+    "parse_size",
+    "Answer",
+    "ReplayResult",
+    "ValidateResult",
+    "Explanation",
+    "SweepResult",
+    "FitResult",
+    "PhasesResult",
+]
+
+__version__ = _allocsim.VERSION
+
+Size = Union[int, str, None]
+
+
+def _size(v: Size, what: str) -> Optional[int]:
+    """Bytes from an int or a string such as ``'24GiB'`` (None stays None)."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        raise TypeError(f"{what}: expected bytes (int) or a size such as '24GiB', got {v!r}")
+    if isinstance(v, int):
+        if v < 0:
+            raise ValueError(f"{what}: {v} is negative")
+        return v
+    if isinstance(v, str):
+        return parse_size(v)
+    raise TypeError(f"{what}: expected bytes (int) or a size such as '24GiB', got {type(v).__name__}")
+
+
+def load(source: Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Dict[str, Any]], name: Optional[str] = None) -> "Snapshot":
+    """Loads a snapshot.
+
+    ``source`` is a path (``.pickle``, ``.pickle.gz``, allocsim's ``.jsonl``/``.jsonl.gz``), the
+    bytes of such a file, or the dict ``torch.cuda.memory._snapshot()`` returns (taken in the
+    running process without writing a file). The pickle is decoded without executing anything.
+    ``name`` is what the answers call the trace (default: the path, else ``'snapshot'``).
+    Raises ``TraceError`` for anything that is not a readable snapshot.
+    """
+    if isinstance(source, dict):
+        try:
+            data = pickle.dumps(source, protocol=4)
+        except Exception as e:  # objects that are not plain data
+            raise TraceError(f"{name or 'snapshot'}: not a memory snapshot: the dict does not pickle as plain data ({e})") from None
+        return Snapshot(_allocsim.Snapshot.from_bytes(data, name or "snapshot"))
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return Snapshot(_allocsim.Snapshot.from_bytes(bytes(source), name or "snapshot"))
+    if isinstance(source, (str, os.PathLike)):
+        return Snapshot(_allocsim.Snapshot.from_path(os.fspath(source), name))
+    raise TypeError(f"load: expected a path, bytes or the dict torch.cuda.memory._snapshot() returns, got {type(source).__name__}")
+
+
+def _grid(grid: Union[str, Dict[str, Iterable[Any]], None]) -> Optional[str]:
+    """A grid as the command line writes it: ``'key=v1,v2; key2=...'`` (a dict of lists too)."""
+    if grid is None or isinstance(grid, str):
+        return grid
+    parts = []
+    for k, vs in grid.items():
+        vals = ["none" if v is None else str(v) for v in vs]
+        parts.append(f"{k}={','.join(vals)}")
+    return "; ".join(parts)
+
+
+class Snapshot:
+    """A decoded memory snapshot. Every method replays it (with the GIL released) and returns the
+    answer of the command of the same name."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, native: "_allocsim.Snapshot"):
+        self._s = native
+
+    @property
+    def name(self) -> str:
+        """What the answers call this trace."""
+        return self._s.name
+
+    @property
+    def entries(self) -> list:
+        """Trace entries per device."""
+        return self._s.entries
+
+    @property
+    def segments(self) -> int:
+        """The number of final segments."""
+        return self._s.segments
+
+    @property
+    def alloc_conf(self) -> Optional[str]:
+        """The ``PYTORCH_CUDA_ALLOC_CONF`` the snapshot recorded."""
+        return self._s.alloc_conf
+
+    def requests(self, device: int = 0) -> int:
+        """How many requests (``alloc`` and ``oom`` entries) the trace holds on ``device``."""
+        return self._s.requests(device)
+
+    def recorded_ooms(self, device: int = 0) -> list:
+        """The request numbers of the OOMs the trace recorded on ``device``."""
+        return self._s.recorded_ooms(device)
+
+    def to_pickle(self) -> bytes:
+        """The snapshot as torch 2.11's snapshot pickle (opens in memory_viz)."""
+        return self._s.to_pickle()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Snapshot):
+            return NotImplemented
+        return self._s.same_as(other._s)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        n = sum(self.entries)
+        return f"<allocsim.Snapshot {self.name!r}: {n} trace entries on {len(self.entries)} device(s), {self.segments} segments>"
+
+    def replay(
+        self,
+        config: Optional[str] = None,
+        capacity: Size = None,
+        *,
+        device_memory: Size = None,
+        trace_capacity: Size = None,
+        placements: Optional[int] = None,
+        device: Optional[int] = None,
+        torch_version: Optional[str] = None,
+        addresses_from: Optional["Snapshot"] = None,
+    ) -> ReplayResult:
+        """``allocsim replay``: the requests replayed under ``config`` (a ``PYTORCH_CUDA_ALLOC_CONF``
+        string; default the snapshot's own settings) and ``capacity`` (the allowed maximum, e.g.
+        ``'24GiB'``; default the budget inferred from the trace)."""
+        r = self._s.replay(
+            config,
+            _size(capacity, "capacity"),
+            _size(device_memory, "device_memory"),
+            _size(trace_capacity, "trace_capacity"),
+            placements,
+            device,
+            torch_version,
+            addresses_from._s if addresses_from is not None else None,
+        )
+        return ReplayResult(*r)
+
+    def validate(self, capacity: Size = None, *, device_memory: Size = None) -> ValidateResult:
+        """``allocsim validate``: a replay under the snapshot's own settings checked against every
+        recorded segment event, OOM, address and final segment (``.exact``)."""
+        return ValidateResult(*self._s.validate(_size(capacity, "capacity"), _size(device_memory, "device_memory")))
+
+    def explain(
+        self,
+        at: Union[str, int, None] = None,
+        config: Optional[str] = None,
+        capacity: Size = None,
+        *,
+        top: int = 5,
+        device: Optional[int] = None,
+        device_memory: Size = None,
+        trace_capacity: Size = None,
+        addresses_from: Optional["Snapshot"] = None,
+    ) -> Explanation:
+        """``allocsim explain``: why a request ran out of memory. ``at`` is ``'oom'`` (the first OOM
+        of the replay), ``'peak'`` or a request number; default the first OOM the trace recorded
+        (under its own settings), else ``'oom'``."""
+        r = self._s.explain(
+            None if at is None else str(at),
+            config,
+            _size(capacity, "capacity"),
+            top,
+            device,
+            _size(device_memory, "device_memory"),
+            _size(trace_capacity, "trace_capacity"),
+            addresses_from._s if addresses_from is not None else None,
+        )
+        return Explanation(*r)
+
+    def sweep(
+        self,
+        grid: Union[str, Dict[str, Iterable[Any]], None] = None,
+        capacity: Size = None,
+        *,
+        base: str = "",
+        placements: int = 4,
+        top: int = 15,
+        device: Optional[int] = None,
+        device_memory: Size = None,
+        trace_capacity: Size = None,
+    ) -> SweepResult:
+        """``allocsim sweep``: every config of ``grid`` (``'key=v1,v2; key2=...'``, or a dict of
+        lists; default a grid over the four settings that matter) replayed and ranked."""
+        text, js, csv = self._s.sweep(
+            _grid(grid),
+            _size(capacity, "capacity"),
+            base,
+            placements,
+            top,
+            device,
+            _size(device_memory, "device_memory"),
+            _size(trace_capacity, "trace_capacity"),
+        )
+        return SweepResult(text, js, 0, csv)
+
+    def fit(
+        self,
+        cards: Optional[Sequence[Size]] = None,
+        config: Optional[str] = None,
+        *,
+        grid: Union[str, Dict[str, Iterable[Any]], None] = None,
+        reserve: Size = None,
+        placements: int = 1,
+        device: Optional[int] = None,
+        device_memory: Size = None,
+        trace_capacity: Size = None,
+    ) -> FitResult:
+        """``allocsim fit``: the smallest allowed maximum without OOM, and whether each of
+        ``cards`` (e.g. ``['24GiB', '80GB']``) is enough after the memory outside the allocator."""
+        sizes = [_size(c, "cards") for c in (cards or [])]
+        r = self._s.fit(
+            sizes,
+            config,
+            _grid(grid),
+            _size(reserve, "reserve"),
+            placements,
+            device,
+            _size(device_memory, "device_memory"),
+            _size(trace_capacity, "trace_capacity"),
+        )
+        return FitResult(*r)
+
+    def phases(
+        self,
+        config: Optional[str] = None,
+        capacity: Size = None,
+        *,
+        by: Optional[str] = None,
+        top: int = 3,
+        device: Optional[int] = None,
+        device_memory: Size = None,
+        trace_capacity: Size = None,
+    ) -> PhasesResult:
+        """``allocsim phases``: the iterations (the optimizer's steps, or ``by`` an annotation) and
+        annotated regions, each with its peaks."""
+        r = self._s.phases(
+            config,
+            _size(capacity, "capacity"),
+            by,
+            top,
+            device,
+            _size(device_memory, "device_memory"),
+            _size(trace_capacity, "trace_capacity"),
+        )
+        return PhasesResult(*r)
+
+    def report(
+        self,
+        path: Union[str, "os.PathLike[str]"] = "report.html",
+        config: Union[str, Sequence[str], None] = None,
+        capacity: Size = None,
+        *,
+        svg_dir: Union[str, "os.PathLike[str]", None] = None,
+        device: Optional[int] = None,
+        device_memory: Size = None,
+        trace_capacity: Size = None,
+    ) -> str:
+        """``allocsim report``: writes one self-contained HTML page (timeline, OOMs,
+        fragmentation, segment maps) to ``path`` and returns the path. ``config`` may be a list
+        to overlay several."""
+        configs = [] if config is None else ([config] if isinstance(config, str) else list(config))
+        self._s.report(
+            os.fspath(path),
+            configs,
+            _size(capacity, "capacity"),
+            None if svg_dir is None else os.fspath(svg_dir),
+            device,
+            _size(device_memory, "device_memory"),
+            _size(trace_capacity, "trace_capacity"),
+        )
+        return os.fspath(path)

@@ -1,0 +1,141 @@
+"""The answers of allocsim's commands: ``str()`` is the command line's text, ``to_dict()`` and
+``to_json()`` its ``--json``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional
+
+
+class Answer:
+    """One command's answer."""
+
+    __slots__ = ("_text", "_json", "_dict", "exit_code")
+
+    def __init__(self, text: str, json_text: str, exit_code: int = 0):
+        self._text = text
+        self._json = json_text
+        self._dict: Optional[Dict[str, Any]] = None
+        #: The command line's exit status for this answer (``validate``: 1 when not exact).
+        self.exit_code = exit_code
+
+    def __str__(self) -> str:
+        # The command line's text; print() adds the final newline back.
+        return self._text[:-1] if self._text.endswith("\n") else self._text
+
+    def __repr__(self) -> str:
+        first = self._text.split("\n", 1)[0]
+        if len(first) > 100:
+            first = first[:99] + "…"
+        return f"<allocsim.{type(self).__name__}: {first}>"
+
+    def to_json(self) -> str:
+        """The command's ``--json`` output (one line)."""
+        return self._json
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The command's ``--json`` output, parsed (a fresh object each call)."""
+        return json.loads(self._json)
+
+    def _data(self) -> Dict[str, Any]:
+        # Parsed once, for the properties (which return parts of it).
+        if self._dict is None:
+            self._dict = json.loads(self._json)
+        return self._dict
+
+    def __getitem__(self, key: str) -> Any:
+        """A key of ``to_dict()``."""
+        return self._data()[key]
+
+
+class ReplayResult(Answer):
+    """``allocsim replay``."""
+
+    __slots__ = ()
+
+    @property
+    def stats(self) -> Dict[str, int]:
+        """Every ``torch.cuda.memory_stats()`` key at the end of the replay."""
+        return self._data()["stats"]
+
+    @property
+    def peak_reserved(self) -> int:
+        return self._data()["stats"]["reserved_bytes.all.peak"]
+
+    @property
+    def peak_allocated(self) -> int:
+        return self._data()["stats"]["allocated_bytes.all.peak"]
+
+    @property
+    def ooms(self) -> List[Dict[str, Any]]:
+        """Each OOM: request, sizes and PyTorch's message."""
+        return self._data()["ooms"]
+
+    @property
+    def first_oom(self) -> Optional[int]:
+        return self._data()["first_oom"]
+
+
+class ValidateResult(Answer):
+    """``allocsim validate``."""
+
+    __slots__ = ()
+
+    @property
+    def exact(self) -> bool:
+        """Whether every recorded event was reproduced."""
+        return bool(self._data()["exact"])
+
+    def __bool__(self) -> bool:
+        return self.exact
+
+
+class Explanation(Answer):
+    """``allocsim explain``."""
+
+    __slots__ = ()
+
+    @property
+    def request(self) -> Optional[int]:
+        """The explained request (None when nothing ran out of memory)."""
+        return self._data().get("request")
+
+    @property
+    def message(self) -> Optional[str]:
+        """PyTorch's OOM message (None when the request was served)."""
+        return self._data().get("message")
+
+
+class SweepResult(Answer):
+    """``allocsim sweep``."""
+
+    __slots__ = ("_csv",)
+
+    def __init__(self, text: str, json_text: str, exit_code: int = 0, csv: str = ""):
+        super().__init__(text, json_text, exit_code)
+        self._csv = csv
+
+    def to_csv(self) -> str:
+        """``allocsim sweep --csv``."""
+        return self._csv
+
+    @property
+    def rows(self) -> List[Dict[str, Any]]:
+        """One per config, best first (rejected configs last)."""
+        return self._data()["rows"]
+
+
+class FitResult(Answer):
+    """``allocsim fit``."""
+
+    __slots__ = ()
+
+
+class PhasesResult(Answer):
+    """``allocsim phases``."""
+
+    __slots__ = ()
+
+    @property
+    def iterations(self) -> List[Dict[str, Any]]:
+        return self._data()["iterations"]

@@ -1,0 +1,296 @@
+//! `allocsim._allocsim`: the native half of the `allocsim` Python package (the Python half,
+//! `allocsim/`, wraps it). Snapshots are decoded and every command runs with the GIL released,
+//! through the same `allocsim_commands` functions the command line calls, so each answer's text
+//! and JSON are the command line's.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use allocsim_commands::explain::ExplainOptions;
+use allocsim_commands::fit::FitOptions;
+use allocsim_commands::phases::PhasesOptions;
+use allocsim_commands::replay::ReplayOptions;
+use allocsim_commands::report::ReportOptions;
+use allocsim_commands::sweep::SweepOptions;
+use allocsim_commands::{Answer, Error as CommandError, Trace, TraceOptions};
+use allocsim_replay::TorchVersion;
+use allocsim_trace::Action;
+use pyo3::exceptions::{PyException, PyOSError, PyValueError};
+use pyo3::prelude::*;
+
+pyo3::create_exception!(allocsim, Error, PyException, "Base class of allocsim's errors.");
+pyo3::create_exception!(
+    allocsim,
+    TraceError,
+    Error,
+    "A trace that cannot be read: not a snapshot, corrupt or truncated, or holding impossible values."
+);
+pyo3::create_exception!(allocsim, ConfigError, Error, "Settings PyTorch rejects; the message is PyTorch's own.");
+
+/// A command's error as a Python exception.
+fn py_err(e: CommandError) -> PyErr {
+    match e {
+        CommandError::Trace(m) => TraceError::new_err(m),
+        CommandError::Config { pytorch, .. } => ConfigError::new_err(pytorch),
+        CommandError::Usage(m) => PyValueError::new_err(m),
+        CommandError::Io(m) => PyOSError::new_err(m),
+    }
+}
+
+/// An answer as `(text, json, exit status)`.
+type Rendered = (String, String, i32);
+
+fn render(a: &dyn Answer) -> Rendered {
+    (a.text(), a.json(), a.exit_code())
+}
+
+/// A decoded snapshot (immutable; shared by every command run on it).
+#[pyclass(frozen, module = "allocsim._allocsim")]
+struct Snapshot {
+    snap: Arc<allocsim_trace::Snapshot>,
+    name: String,
+}
+
+impl Snapshot {
+    fn trace(&self) -> Trace<'_> {
+        Trace { name: &self.name, snapshot: &self.snap }
+    }
+}
+
+fn trace_options(device: Option<usize>, device_memory: Option<u64>, trace_capacity: Option<u64>) -> TraceOptions {
+    TraceOptions { device_memory, trace_capacity, device }
+}
+
+#[pymethods]
+impl Snapshot {
+    /// Reads a snapshot pickle (`.pickle`, `.pickle.gz`) or an allocsim JSON Lines trace.
+    #[staticmethod]
+    #[pyo3(signature = (path, name = None))]
+    fn from_path(py: Python<'_>, path: PathBuf, name: Option<String>) -> PyResult<Snapshot> {
+        let name = name.unwrap_or_else(|| path.display().to_string());
+        let snap = py.detach(|| allocsim_trace::read_trace(&path)).map_err(|e| py_err(allocsim_commands::error::trace_error(&name, e)))?;
+        Ok(Snapshot { snap: Arc::new(snap), name })
+    }
+
+    /// Decodes a snapshot from bytes (a pickle, gzip'd or not, or JSON Lines).
+    #[staticmethod]
+    fn from_bytes(py: Python<'_>, data: &[u8], name: String) -> PyResult<Snapshot> {
+        let snap = py.detach(|| allocsim_trace::read_trace_bytes(data)).map_err(|e| py_err(allocsim_commands::error::trace_error(&name, e)))?;
+        Ok(Snapshot { snap: Arc::new(snap), name })
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Trace entries per device.
+    #[getter]
+    fn entries(&self) -> Vec<usize> {
+        self.snap.device_traces.iter().map(|t| t.len()).collect()
+    }
+
+    /// The number of final segments (every device's).
+    #[getter]
+    fn segments(&self) -> usize {
+        self.snap.segments.len()
+    }
+
+    /// The `PYTORCH_CUDA_ALLOC_CONF` string recorded in the snapshot (None when absent).
+    #[getter]
+    fn alloc_conf(&self) -> Option<String> {
+        self.snap.settings.alloc_conf.clone()
+    }
+
+    /// The request numbers (0-based ordinals of the device's `alloc` and `oom` entries) of the
+    /// OOMs the trace recorded on `device`.
+    fn recorded_ooms(&self, device: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut req = 0u32;
+        for e in self.snap.device_traces.get(device).map_or(&[][..], |v| v.as_slice()) {
+            match e.action {
+                Action::Alloc => req += 1,
+                Action::Oom => {
+                    out.push(req);
+                    req += 1;
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// How many requests (`alloc` and `oom` entries) the trace holds on `device`.
+    fn requests(&self, device: usize) -> usize {
+        self.snap.device_traces.get(device).map_or(0, |t| t.iter().filter(|e| matches!(e.action, Action::Alloc | Action::Oom)).count())
+    }
+
+    /// Whether two snapshots hold the same entries, segments, settings, stacks and annotations.
+    fn same_as(&self, other: &Snapshot) -> bool {
+        self.snap == other.snap
+    }
+
+    /// The snapshot as torch 2.11's snapshot pickle (protocol 4).
+    fn to_pickle<'py>(&self, py: Python<'py>) -> Bound<'py, pyo3::types::PyBytes> {
+        let bytes = py.detach(|| allocsim_trace::snapshot::to_pickle(&self.snap));
+        pyo3::types::PyBytes::new(py, &bytes)
+    }
+
+    #[pyo3(signature = (config = None, capacity = None, device_memory = None, trace_capacity = None, placements = None, device = None, torch_version = None, addresses_from = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn replay(
+        &self,
+        py: Python<'_>,
+        config: Option<String>,
+        capacity: Option<u64>,
+        device_memory: Option<u64>,
+        trace_capacity: Option<u64>,
+        placements: Option<usize>,
+        device: Option<usize>,
+        torch_version: Option<String>,
+        addresses_from: Option<PyRef<'_, Snapshot>>,
+    ) -> PyResult<Rendered> {
+        let torch_version = match torch_version {
+            Some(v) => TorchVersion::parse(&v).map_err(PyValueError::new_err)?,
+            None => TorchVersion::DEFAULT,
+        };
+        let o = ReplayOptions { config, capacity, device_memory, trace_capacity, placements, device, torch_version };
+        let other = addresses_from.map(|s| s.snap.clone());
+        py.detach(|| allocsim_commands::replay::replay(self.trace(), other.as_deref(), &o).map(|a| render(&a))).map_err(py_err)
+    }
+
+    #[pyo3(signature = (capacity = None, device_memory = None, device = None))]
+    fn validate(&self, py: Python<'_>, capacity: Option<u64>, device_memory: Option<u64>, device: Option<usize>) -> PyResult<Rendered> {
+        let o = allocsim_commands::replay::ValidateOptions { capacity, device_memory, device, ..Default::default() };
+        py.detach(|| allocsim_commands::replay::validate(self.trace(), &o).map(|a| render(&a))).map_err(py_err)
+    }
+
+    #[pyo3(signature = (at = None, config = None, capacity = None, top = 5, device = None, device_memory = None, trace_capacity = None, addresses_from = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn explain(
+        &self,
+        py: Python<'_>,
+        at: Option<String>,
+        config: Option<String>,
+        capacity: Option<u64>,
+        top: usize,
+        device: Option<usize>,
+        device_memory: Option<u64>,
+        trace_capacity: Option<u64>,
+        addresses_from: Option<PyRef<'_, Snapshot>>,
+    ) -> PyResult<Rendered> {
+        let o = ExplainOptions { trace: trace_options(device, device_memory, trace_capacity), at, config, capacity, top };
+        let other = addresses_from.map(|s| s.snap.clone());
+        py.detach(|| allocsim_commands::explain::explain(self.trace(), other.as_deref(), &o).map(|a| render(&a))).map_err(py_err)
+    }
+
+    #[pyo3(signature = (grid = None, capacity = None, base = String::new(), placements = 4, top = 15, device = None, device_memory = None, trace_capacity = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn sweep(
+        &self,
+        py: Python<'_>,
+        grid: Option<String>,
+        capacity: Option<u64>,
+        base: String,
+        placements: usize,
+        top: usize,
+        device: Option<usize>,
+        device_memory: Option<u64>,
+        trace_capacity: Option<u64>,
+    ) -> PyResult<(String, String, String)> {
+        let o = SweepOptions { trace: trace_options(device, device_memory, trace_capacity), capacity, grid, base, placements, top };
+        py.detach(|| {
+            let a = allocsim_commands::sweep::sweep(self.trace(), &o, &|| {})?;
+            let mut csv = Vec::new();
+            a.write_csv(&mut csv)?;
+            Ok((a.text(), a.json(), String::from_utf8(csv).expect("UTF-8")))
+        })
+        .map_err(py_err)
+    }
+
+    #[pyo3(signature = (cards = Vec::new(), config = None, grid = None, reserve = None, placements = 1, device = None, device_memory = None, trace_capacity = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn fit(
+        &self,
+        py: Python<'_>,
+        cards: Vec<u64>,
+        config: Option<String>,
+        grid: Option<String>,
+        reserve: Option<u64>,
+        placements: usize,
+        device: Option<usize>,
+        device_memory: Option<u64>,
+        trace_capacity: Option<u64>,
+    ) -> PyResult<Rendered> {
+        let o = FitOptions { trace: trace_options(device, device_memory, trace_capacity), config, grid, cards, reserve, placements };
+        py.detach(|| allocsim_commands::fit::fit(self.trace(), &o).map(|a| render(&a))).map_err(py_err)
+    }
+
+    #[pyo3(signature = (config = None, capacity = None, by = None, top = 3, device = None, device_memory = None, trace_capacity = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn phases(
+        &self,
+        py: Python<'_>,
+        config: Option<String>,
+        capacity: Option<u64>,
+        by: Option<String>,
+        top: usize,
+        device: Option<usize>,
+        device_memory: Option<u64>,
+        trace_capacity: Option<u64>,
+    ) -> PyResult<Rendered> {
+        let o = PhasesOptions { trace: trace_options(device, device_memory, trace_capacity), config, capacity, by, top };
+        py.detach(|| allocsim_commands::phases::phases(self.trace(), &o).map(|a| render(&a))).map_err(py_err)
+    }
+
+    /// Writes the HTML report to `path` (and the plots into `svg_dir`); returns the page's size.
+    #[pyo3(signature = (path, configs = Vec::new(), capacity = None, svg_dir = None, device = None, device_memory = None, trace_capacity = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn report(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        configs: Vec<String>,
+        capacity: Option<u64>,
+        svg_dir: Option<PathBuf>,
+        device: Option<usize>,
+        device_memory: Option<u64>,
+        trace_capacity: Option<u64>,
+    ) -> PyResult<usize> {
+        let o = ReportOptions { trace: trace_options(device, device_memory, trace_capacity), configs, capacity };
+        py.detach(|| {
+            let r = allocsim_commands::report::report(self.trace(), &o)?;
+            r.write_page(&path)?;
+            if let Some(dir) = &svg_dir {
+                r.write_svgs(dir)?;
+            }
+            Ok(r.page.len())
+        })
+        .map_err(py_err)
+    }
+}
+
+/// Bytes from `1073741824`, `24GiB`, `1.5 GiB`, `80GB` (what the command line accepts).
+#[pyfunction]
+fn parse_size(s: &str) -> PyResult<u64> {
+    allocsim_commands::parse_size(s).map_err(PyValueError::new_err)
+}
+
+/// Runs the command line (`argv[0]` is the program name) on this process's stdout and stderr;
+/// returns its exit status.
+#[pyfunction]
+fn cli(py: Python<'_>, argv: Vec<String>) -> i32 {
+    py.detach(|| allocsim::cli::main_from(argv))
+}
+
+#[pymodule]
+fn _allocsim(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Snapshot>()?;
+    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add("Error", m.py().get_type::<Error>())?;
+    m.add("TraceError", m.py().get_type::<TraceError>())?;
+    m.add("ConfigError", m.py().get_type::<ConfigError>())?;
+    m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,253 @@
+"""allocsim's Python API on the repository's traces (no torch): the same answers as the command
+line, and the outcomes PyTorch recorded."""
+
+import gzip
+import json
+import os
+import threading
+import time
+
+import pytest
+
+import allocsim
+from conftest import FRAG, cli, meta, snapshot_dict, trace, without_nvml
+
+FRAG_REL = "traces/frag__default__2048M.pickle.gz"
+
+
+def test_load_path_bytes_and_dict_are_the_same_snapshot():
+    a = allocsim.load(FRAG)
+    with open(FRAG, "rb") as f:
+        gz = f.read()
+    b = allocsim.load(gz)
+    c = allocsim.load(gzip.decompress(gz))
+    d = allocsim.load(snapshot_dict("frag__default__2048M.pickle.gz"))
+    assert a == b == c == d
+    assert a != allocsim.load(trace("frag__expandable__2048M.pickle.gz"))
+    # 300 tensors allocated, 3 OOMs: request numbers 300, 301 and 302 on device 0.
+    assert a.requests(0) == 303
+    assert a.recorded_ooms(0) == [300, 301, 302]
+    assert sum(a.entries) == meta("frag__default__2048M.pickle.gz")["trace_entries"]
+    assert a.segments == meta("frag__default__2048M.pickle.gz")["segments_at_end"]
+    assert "frag__default__2048M" in repr(a)
+
+
+def test_a_pickle_written_back_loads_as_the_same_snapshot():
+    a = allocsim.load(FRAG)
+    assert allocsim.load(a.to_pickle()) == a
+
+
+def test_explain_prints_what_the_command_line_prints():
+    # The issue's "done when": the same explanation as `allocsim explain TRACE --capacity 2GiB`.
+    s = allocsim.load(FRAG_REL)
+    x = s.explain(capacity="2GiB")
+    p = cli("explain", FRAG_REL, "--capacity", "2GiB")
+    assert p.returncode == 0, p.stderr
+    assert str(x) + "\n" == p.stdout
+    p = cli("explain", FRAG_REL, "--capacity", "2GiB", "--json")
+    assert x.to_dict() == json.loads(p.stdout)
+    assert json.loads(x.to_json()) == x.to_dict()
+
+
+def test_explanation_states_pytorchs_message():
+    s = allocsim.load(FRAG_REL)
+    x = s.explain()
+    recorded = meta("frag__default__2048M.pickle.gz")["log"][0]["exception"]
+    assert x.request == 300
+    assert x.message == without_nvml(recorded)
+    assert x.message in str(x)
+    assert x["recorded_oom"] is True
+    # The next OOM, by request number, with its own size in PyTorch's words.
+    y = s.explain(at=301)
+    assert y.message == without_nvml(meta("frag__default__2048M.pickle.gz")["log"][1]["exception"])
+
+
+def test_explain_without_an_oom():
+    s = allocsim.load(FRAG_REL)
+    x = s.explain(at="oom", capacity="8GiB")
+    assert x.to_dict() == {"explanation": None, "reason": "no OOM"}
+    assert "no request runs out of memory" in str(x)
+    assert "with 8.00 GiB allowed" in str(x)
+
+
+def test_replay_reproduces_the_recorded_peaks():
+    m = meta("frag__default__2048M.pickle.gz")
+    r = allocsim.load(FRAG_REL).replay()
+    assert r.peak_reserved == m["max_memory_reserved"]
+    assert r.peak_allocated == m["max_memory_allocated"]
+    assert [o["request"] for o in r.ooms] == [300, 301, 302]
+    assert [o["message"] for o in r.ooms] == [without_nvml(e["exception"]) for e in m["log"]]
+    p = cli("replay", FRAG_REL)
+    assert str(r) + "\n" == p.stdout
+    assert r.to_dict() == json.loads(cli("replay", FRAG_REL, "--json").stdout)
+
+
+def test_replay_under_another_config_and_capacity():
+    s = allocsim.load(FRAG_REL)
+    r = s.replay(config="expandable_segments:True", capacity=2 << 30)
+    assert r["config"] == "expandable_segments:True"
+    assert r["capacity"] == 2 << 30
+    p = cli("replay", FRAG_REL, "--config", "expandable_segments:True", "--capacity", str(2 << 30), "--json")
+    assert r.to_dict() == json.loads(p.stdout)
+
+
+# The H200 recordings in traces/ and the OOM and training recordings in traces/field (not
+# compile_train: CUDA-graph trees free private segments before the snapshot, which the model does
+# not reconstruct).
+EXACT = sorted(n for n in os.listdir(os.path.dirname(FRAG)) if n.endswith(".pickle.gz")) + sorted(
+    "field/" + n
+    for n in os.listdir(os.path.join(os.path.dirname(FRAG), "field"))
+    if n.endswith(".pickle.gz") and n.split("_")[0] in ("devfull", "fraccap", "llama", "tiny")
+)
+
+
+def test_the_traces_are_there():
+    assert len(EXACT) == 18
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_validate_is_exact_on_the_recordings(name):
+    v = allocsim.load(trace(name)).validate()
+    assert v.exact, str(v)
+    assert v.exit_code == 0
+    assert str(v).endswith("exact")
+
+
+def test_sweep_ranks_like_the_command_line():
+    s = allocsim.load(FRAG_REL)
+    grid = "expandable_segments=none,True; max_split_size_mb=none,64"
+    r = s.sweep(grid={"expandable_segments": [None, True], "max_split_size_mb": [None, 64]}, capacity="2GiB")
+    p = cli("sweep", FRAG_REL, "--grid", grid, "--capacity", "2GiB", "--json")
+    want = json.loads(p.stdout)
+    got = r.to_dict()
+    for d in (want, got):
+        d.pop("seconds")
+    assert got == want
+    # Under the recorded 2 GiB cap every config runs out of memory at the 256 MiB request (600 MiB
+    # live in 100 segments of 20 MiB, then 256 + 512 + 1024 MiB). The expandable-segments row is
+    # the recorded frag__expandable run: the same three OOMs and its max_memory_reserved.
+    rows = {row["conf"]: row for row in r.rows}
+    exp = meta("frag__expandable__2048M.pickle.gz")
+    for o in rows["expandable_segments:True"]["outcomes"]:
+        assert (o["first_oom"], o["ooms"], o["peak_reserved"]) == (300, len(exp["log"]), exp["max_memory_reserved"])
+    dflt = meta("frag__default__2048M.pickle.gz")
+    for o in rows[""]["outcomes"]:
+        assert (o["first_oom"], o["ooms"], o["peak_reserved"]) == (300, len(dflt["log"]), dflt["max_memory_reserved"])
+    assert r.to_csv() == cli("sweep", FRAG_REL, "--grid", grid, "--capacity", "2GiB", "--csv").stdout
+    text = cli("sweep", FRAG_REL, "--grid", grid, "--capacity", "2GiB").stdout
+    # The first line ends with the time the sweep took.
+    strip = lambda t: [line.rsplit(";", 1)[0] if i == 0 else line for i, line in enumerate(t.split("\n"))]
+    assert strip(str(r) + "\n") == strip(text)
+
+
+def test_fit_answers_for_cards():
+    s = allocsim.load(FRAG_REL)
+    f = s.fit(cards=["4GiB", 8 << 30])
+    p = cli("fit", FRAG_REL, "--cards", f"4GiB,{8 << 30}")
+    assert str(f) + "\n" == p.stdout
+    d = f.to_dict()
+    assert d == json.loads(cli("fit", FRAG_REL, "--cards", f"4GiB,{8 << 30}", "--json").stdout)
+    # 300 × 6 MiB requests take 100 segments of 20 MiB (kLargeBuffer); the 12 MiB gaps the frees
+    # leave serve none of the 256, 512 and 1024 MiB requests, which get segments of their own.
+    assert d["capacity"] == (2000 + 256 + 512 + 1024) << 20
+    # The memory outside the allocator is what the OOM entries show: the device's total less the
+    # free memory and the 2000 MiB reserved (about 0.5 GiB). A 4 GiB card is short, 8 GiB is not.
+    assert 400 << 20 < d["outside_memory"] < 700 << 20
+    assert [c["fits"] for c in d["cards"]] == [False, True]
+
+
+def test_phases_finds_every_step_peak_the_job_measured():
+    name = "field/llama_train__default.pickle.gz"
+    ph = allocsim.load(trace(name)).phases()
+    peaks = [it["peak_allocated"] for it in ph.iterations]
+    assert peaks == meta(name)["extra"]["step_peaks"]
+    assert str(ph) + "\n" == cli("phases", "traces/" + name).stdout
+    assert ph.to_dict() == json.loads(cli("phases", "traces/" + name, "--json").stdout)
+
+
+def test_report_writes_a_page(tmp_path):
+    out = tmp_path / "r.html"
+    svg = tmp_path / "svg"
+    assert allocsim.load(FRAG_REL).report(out, config=["", "expandable_segments:True"], svg_dir=svg) == str(out)
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<svg" in page
+    assert "frag__default__2048M.pickle.gz" in page
+    assert sorted(p.name for p in svg.iterdir()) == ["fragmentation.svg", "segments-oom.svg", "segments-peak.svg", "timeline.svg"]
+
+
+def test_errors_are_exceptions():
+    with pytest.raises(allocsim.TraceError, match="nope.pickle"):
+        allocsim.load("nope.pickle")
+    with pytest.raises(allocsim.TraceError, match="snapshot"):
+        allocsim.load(b"\x80\x04not a pickle at all")
+    with pytest.raises(allocsim.TraceError):
+        allocsim.load({"segments": "no"})
+    with pytest.raises(TypeError):
+        allocsim.load(42)
+    s = allocsim.load(FRAG_REL)
+    with pytest.raises(allocsim.ConfigError) as e:
+        s.explain(config="foo:1")
+    # PyTorch's own text, as its parser raises it.
+    assert str(e.value) == "Unrecognized key 'foo' in CUDA allocator config."
+    assert isinstance(e.value, allocsim.Error)
+    with pytest.raises(allocsim.ConfigError):
+        s.replay(config="expandable_segments:maybe")
+    with pytest.raises(ValueError, match="parsecs"):
+        s.replay(capacity="12 parsecs")
+    with pytest.raises(ValueError, match="the trace has 303 requests"):
+        s.explain(at=10**6)
+    with pytest.raises(ValueError):
+        s.sweep(grid="expandable_segments")
+    assert issubclass(allocsim.TraceError, allocsim.Error) and issubclass(allocsim.ConfigError, allocsim.Error)
+
+
+def test_the_command_line_ships_in_the_package():
+    p = cli("--help")
+    assert p.returncode == 0 and "Usage: allocsim <COMMAND>" in p.stdout
+    p = cli("validate", FRAG_REL)
+    assert p.returncode == 0 and p.stdout.rstrip().endswith("exact")
+    p = cli("explain", "nope.pickle")
+    assert p.returncode == 2 and p.stderr.startswith("allocsim: error: nope.pickle") and p.stdout == ""
+    p = cli("explain", FRAG_REL, "--config", "foo:1")
+    assert p.returncode == 2
+    assert p.stderr == "allocsim: error: --config \"foo:1\": Unrecognized key 'foo' in CUDA allocator config.\n"
+    p = cli("frobnicate")
+    assert p.returncode == 2 and "unrecognized subcommand" in p.stderr
+
+
+def test_the_allocsim_command_is_installed():
+    import shutil
+    import subprocess
+    import sys
+
+    exe = shutil.which("allocsim", path=os.path.dirname(sys.executable))
+    assert exe, "the package's console script `allocsim` is installed beside the interpreter"
+    p = subprocess.run([exe, "--version"], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.startswith("allocsim ")
+
+
+def test_the_gil_is_released_while_replaying():
+    # Another Python thread keeps running while a sweep replays (it could not with the GIL held).
+    s = allocsim.load(trace("field/llama_train__default.pickle.gz"))
+    started, done = threading.Event(), threading.Event()
+    out = []
+
+    def work():
+        started.set()
+        out.append(s.sweep(placements=2))
+        done.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    started.wait()
+    ticks = 0
+    t0 = time.monotonic()
+    while not done.is_set():
+        ticks += 1
+        time.sleep(0.001)
+    elapsed = time.monotonic() - t0
+    t.join()
+    assert out and out[0].rows
+    # The sweep takes a good part of a second; this thread woke about every millisecond of it.
+    assert elapsed > 0.05, "the sweep was too quick to tell"
+    assert ticks >= 10
