@@ -1123,8 +1123,9 @@ impl<'a> Decoder<'a> {
     }
 }
 
-/// Little-endian two's complement → i64 if it fits.
-fn narrow_long(b: &[u8]) -> Option<i64> {
+/// Little-endian two's complement → i64 if it fits (also the stream's, `pickle_stream.rs`).
+#[inline]
+pub(crate) fn narrow_long(b: &[u8]) -> Option<i64> {
     if b.is_empty() {
         return Some(0);
     }

@@ -182,22 +182,6 @@ fn word(b: &[u8]) -> Option<u8> {
     })
 }
 
-/// Little-endian two's complement → i64 if it fits.
-#[inline]
-fn narrow_long(b: &[u8]) -> Option<i64> {
-    if b.is_empty() {
-        return Some(0);
-    }
-    let neg = b[b.len() - 1] & 0x80 != 0;
-    let ext = if neg { 0xff } else { 0 };
-    if b.len() > 8 && (b[8..].iter().any(|&x| x != ext) || ((b[7] & 0x80 != 0) != neg)) {
-        return None;
-    }
-    let mut buf = [ext; 8];
-    let n = b.len().min(8);
-    buf[..n].copy_from_slice(&b[..n]);
-    Some(i64::from_le_bytes(buf))
-}
 
 // ---------------------------------------------------------------------------------------------
 // The memo
@@ -995,7 +979,7 @@ impl Vm {
     fn long(&mut self, n: usize) -> Result<V, TraceError> {
         self.need(n)?;
         let b = &self.buf[self.pos..self.pos + n];
-        if let Some(i) = narrow_long(b) {
+        if let Some(i) = pickle::narrow_long(b) {
             self.pos += n;
             return Ok(V::Int(i));
         }
