@@ -50,6 +50,32 @@ pub struct PinnedSegment {
     pub live: Vec<LiveBlock>,
 }
 
+/// The live blocks of `pinned` grouped by call site (`name`), each site charged an equal share of
+/// its segments' free memory per block, with the whole stack (`frames`) of its first block; most
+/// pinned free memory first.
+fn pinning_sites(
+    pinned: &[PinnedSegment],
+    name: impl Fn(&LiveBlock) -> String,
+    frames: impl Fn(&PinnedSegment, usize, &LiveBlock) -> Vec<Frame>,
+) -> Vec<PinningSite> {
+    let mut sites: HashMap<String, PinningSite> = HashMap::new();
+    for seg in pinned {
+        let share = seg.free / seg.live.len() as u64;
+        for (i, b) in seg.live.iter().enumerate() {
+            let call_site = name(b);
+            let e = sites
+                .entry(call_site.clone())
+                .or_insert_with(|| PinningSite { call_site, frames: frames(seg, i, b), blocks: 0, live_bytes: 0, pinned_free: 0 });
+            e.blocks += 1;
+            e.live_bytes += b.size;
+            e.pinned_free += share;
+        }
+    }
+    let mut sites: Vec<PinningSite> = sites.into_values().collect();
+    sites.sort_by(|a, b| b.pinned_free.cmp(&a.pinned_free).then(a.call_site.cmp(&b.call_site)));
+    sites
+}
+
 /// Live blocks from one call site and the free memory they pin.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PinningSite {
@@ -186,22 +212,11 @@ pub fn final_state(prepared: &Prepared) -> FinalState {
         let ps = prepared.segments.iter().find(|s| s.address == seg.address);
         ps.and_then(|s| s.blocks.iter().filter(|b| b.state != BlockState::Inactive).nth(i)).map_or(0, |b| b.address)
     };
-    let mut sites: HashMap<String, PinningSite> = HashMap::new();
-    for seg in &pinned {
-        let share = seg.free / seg.live.len() as u64;
-        for (i, b) in seg.live.iter().enumerate() {
-            let name = b.call_site.clone().unwrap_or_else(|| "(no stack recorded)".to_string());
-            let e = sites.entry(name.clone()).or_insert_with(|| {
-                let frames = stacks_by_addr.get(&addr_of(seg, i)).map_or(Vec::new(), |&id| stack(id).to_vec());
-                PinningSite { call_site: name, frames, blocks: 0, live_bytes: 0, pinned_free: 0 }
-            });
-            e.blocks += 1;
-            e.live_bytes += b.size;
-            e.pinned_free += share;
-        }
-    }
-    let mut pinning_sites: Vec<PinningSite> = sites.into_values().collect();
-    pinning_sites.sort_by(|a, b| b.pinned_free.cmp(&a.pinned_free).then(a.call_site.cmp(&b.call_site)));
+    let pinning_sites = pinning_sites(
+        &pinned,
+        |b| b.call_site.clone().unwrap_or_else(|| "(no stack recorded)".to_string()),
+        |seg, i, _| stacks_by_addr.get(&addr_of(seg, i)).map_or(Vec::new(), |&id| stack(id).to_vec()),
+    );
     let pinned_free = pinned.iter().map(|s| s.free).sum();
     FinalState { segments: prepared.segments.len(), reserved, allocated, free, largest_free_block: largest, pinned_free, pinned, pinning_sites }
 }
@@ -310,26 +325,15 @@ pub fn explain(
         })
         .collect();
     pinned.sort_by(|a, b| b.free.cmp(&a.free).then(a.address.cmp(&b.address)));
-    let mut sites: HashMap<String, PinningSite> = HashMap::new();
-    for seg in &pinned {
-        let share = seg.free / seg.live.len() as u64;
-        for b in &seg.live {
-            let name = match (&b.call_site, b.request) {
-                (Some(c), _) => c.clone(),
-                (None, u32::MAX) => "(blocks from before the trace)".to_string(),
-                (None, _) => "(no stack recorded)".to_string(),
-            };
-            let e = sites.entry(name.clone()).or_insert_with(|| {
-                let frames = if b.request == u32::MAX { Vec::new() } else { prepared.frames(b.request).to_vec() };
-                PinningSite { call_site: name, frames, blocks: 0, live_bytes: 0, pinned_free: 0 }
-            });
-            e.blocks += 1;
-            e.live_bytes += b.size;
-            e.pinned_free += share;
-        }
-    }
-    let mut pinning_sites: Vec<PinningSite> = sites.into_values().collect();
-    pinning_sites.sort_by(|a, b| b.pinned_free.cmp(&a.pinned_free).then(a.call_site.cmp(&b.call_site)));
+    let pinning_sites = pinning_sites(
+        &pinned,
+        |b| match (&b.call_site, b.request) {
+            (Some(c), _) => c.clone(),
+            (None, u32::MAX) => "(blocks from before the trace)".to_string(),
+            (None, _) => "(no stack recorded)".to_string(),
+        },
+        |_, _, b| if b.request == u32::MAX { Vec::new() } else { prepared.frames(b.request).to_vec() },
+    );
     let own = prepared.is_own(config, capacity);
     let message = oom.as_ref().map(|o| {
         let mut m = o.clone();
