@@ -338,6 +338,106 @@ impl Memo {
     }
 }
 
+/// The `compile_context` torch writes when none is active.
+const NO_CC: &[u8] = crate::NO_COMPILE_CONTEXT.as_bytes();
+
+/// The bytes of a string value (`default` when absent).
+#[inline]
+fn str_of<'a>(strs: &'a [u8], v: V, default: &'static [u8]) -> &'a [u8] {
+    match v {
+        V::Word(w) => WORDS[w as usize],
+        V::Str { start, len } => &strs[start as usize..(start + len) as usize],
+        _ => default,
+    }
+}
+
+/// The [`crate::MetaId`] of an entry's `compile_context` and `user_metadata` (as
+/// [`crate::snapshot`] interns them: 0 for torch's defaults, else in order of first use).
+#[inline]
+fn intern_meta(
+    ids: &mut HashMap<Box<[u8]>, crate::MetaId>,
+    metas: &mut crate::MetaInterner,
+    key: &mut Vec<u8>,
+    cc: &[u8],
+    um: &[u8],
+) -> Result<crate::MetaId, TraceError> {
+    if cc == NO_CC && um.is_empty() {
+        return Ok(0);
+    }
+    key.clear();
+    key.extend_from_slice(cc);
+    key.push(0xff); // never in UTF-8
+    key.extend_from_slice(um);
+    if let Some(&id) = ids.get(&key[..]) {
+        return Ok(id);
+    }
+    let (Ok(c), Ok(u)) = (std::str::from_utf8(cc), std::str::from_utf8(um)) else {
+        return unstreamable("an entry's compile_context or user_metadata is not UTF-8");
+    };
+    let id = metas.intern(c, u);
+    ids.insert(key.as_slice().into(), id);
+    Ok(id)
+}
+
+/// A `frames` list written inside an entry, at `b[i]` (its `EMPTY_LIST`), as torch writes the
+/// list of each new traceback: its memo put (index `memo_next`), then memo references to frame
+/// dicts in `MARK … APPENDS` batches or by one `APPEND`. Pushes the frame dicts to `key` and
+/// returns the index after the list; `None` when the bytes are not of that form (the general
+/// machine reads them).
+#[inline]
+fn inline_frames(b: &[u8], mut i: usize, memo: &Memo, memo_next: u64, key: &mut Vec<u32>) -> Option<usize> {
+    let u32_at = |i: usize| -> Option<u64> { Some(u32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?) as u64) };
+    i += 1;
+    match *b.get(i)? {
+        0x94 => i += 1,
+        b'q' if *b.get(i + 1)? as u64 == memo_next => i += 2,
+        b'r' if u32_at(i + 1)? == memo_next => i += 5,
+        _ => return None,
+    }
+    // One memo reference at `i` to a frame dict: its dict and length.
+    let item = |i: usize| -> Option<(u32, usize)> {
+        let (idx, n) = match *b.get(i)? {
+            b'h' => (*b.get(i + 1)? as u64, 2),
+            b'j' => (u32_at(i + 1)?, 5),
+            _ => return None,
+        };
+        let code = memo.code(idx);
+        if code < TAG_KEPT {
+            return None;
+        }
+        match memo.kept[(code & PAYLOAD) as usize] {
+            V::Dict(d) => Some((d, n)),
+            _ => None,
+        }
+    };
+    loop {
+        match *b.get(i)? {
+            b'(' => {
+                i += 1;
+                loop {
+                    if *b.get(i)? == b'e' {
+                        i += 1;
+                        break;
+                    }
+                    let (d, n) = item(i)?;
+                    key.push(d);
+                    i += n;
+                }
+            }
+            b'h' | b'j' => {
+                // One APPEND, or the entry's next key after the list.
+                let n = if b[i] == b'h' { 2 } else { 5 };
+                if b.get(i + n) != Some(&b'a') {
+                    return Some(i);
+                }
+                key.push(item(i)?.0);
+                i += n + 1;
+            }
+            _ => return Some(i),
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Input
 
@@ -442,6 +542,8 @@ enum Mode {
     Events,
     /// The segment entries, the segments and the settings, for [`PickleFile::scan`].
     Scan,
+    /// Every entry with its stack and metadata, for [`PickleFile::compact`].
+    Collect,
 }
 
 /// What the first pass found: see [`PickleFile::scan`].
@@ -495,9 +597,22 @@ struct Vm {
     segment_entries: Vec<Vec<TraceEntry>>,
     entry_count: u64,
     done: bool,
+    /// [`Mode::Collect`]: the entries by device, their `stack` one more than a key of `stacks`
+    /// (0: no frames) until [`PickleFile::compact`] renumbers them.
+    traces: Vec<Vec<TraceEntry>>,
+    /// [`Mode::Collect`]: the entries' metadata, interned (see [`Vm::meta_of`]).
+    metas: crate::MetaInterner,
+    meta_ids: HashMap<Box<[u8]>, crate::MetaId>,
+    /// Scratch: the frame dicts of a `frames` list the fast path read; a metadata key.
+    frame_key: Vec<u32>,
+    meta_key: Vec<u8>,
 }
 
 const GENERIC_SEQ: u64 = u64::MAX - 1;
+/// [`Vm::fast_entry`]: a fresh memo put of the `frames` list it read, and that list as the
+/// entry's `frames` until it is interned.
+const FRESH_STACK: u32 = u32::MAX;
+const FRESH_FRAMES: V = V::Stack(u32::MAX);
 /// Marks an entry slot of [`Vm::ready`].
 const READY: u32 = 1 << 31;
 /// An entry the first pass does not keep.
@@ -542,6 +657,11 @@ impl Vm {
             segment_entries: Vec::new(),
             entry_count: 0,
             done: false,
+            traces: Vec::new(),
+            metas: crate::MetaInterner::default(),
+            meta_ids: HashMap::new(),
+            frame_key: Vec::new(),
+            meta_key: Vec::new(),
         }
     }
 
@@ -753,6 +873,10 @@ impl Vm {
     fn append(&mut self, target: V, start: usize) -> Result<(), TraceError> {
         match target {
             V::List(id) => {
+                if self.seq_checked[id as usize] {
+                    // The whole-file decoder would see the list as it ends up.
+                    return unstreamable("a frames list changed after an entry used it");
+                }
                 for i in start..self.stack.len() {
                     let v = self.stack[i];
                     if v.is_role() {
@@ -931,7 +1055,45 @@ impl Vm {
                 return unstreamable("an entry's compile_context or user_metadata is not a str");
             }
         }
-        Ok(TraceEntry { action, addr, size, stream, time_us, stack: 0, meta: 0 })
+        let (stack, meta) = if self.mode == Mode::Collect {
+            let stack = self.stack_of(p.f[F_FRAMES])?;
+            let cc = str_of(&self.strs, p.f[F_CC], NO_CC);
+            let um = str_of(&self.strs, p.f[F_UM], b"");
+            (stack, intern_meta(&mut self.meta_ids, &mut self.metas, &mut self.meta_key, cc, um)?)
+        } else {
+            (0, 0)
+        };
+        Ok(TraceEntry { action, addr, size, stream, time_us, stack, meta })
+    }
+
+    /// [`Mode::Collect`]: an entry's stack (one more than its key in `stacks`; 0: no frames)
+    /// from its `frames` value (interned already, or a list made outside the entry).
+    fn stack_of(&mut self, v: V) -> Result<u32, TraceError> {
+        match v {
+            V::Stack(s) => Ok(s + 1),
+            V::List(id) | V::Tuple(id) => {
+                let mut key = std::mem::take(&mut self.frame_key);
+                key.clear();
+                for it in &self.seqs[id as usize] {
+                    let V::Dict(d) = *it else { return unstreamable("a frame that is not a dict") };
+                    key.push(d);
+                }
+                let sid = self.intern_stack(&key);
+                self.frame_key = key;
+                Ok(sid + 1)
+            }
+            _ => Ok(0),
+        }
+    }
+
+    /// The id of the stack of these frame dicts.
+    fn intern_stack(&mut self, key: &[u32]) -> u32 {
+        if let Some(&s) = self.stacks.get(key) {
+            return s;
+        }
+        let n = self.stacks.len() as u32;
+        self.stacks.insert(key.to_vec(), n);
+        n
     }
 
     #[inline]
@@ -940,6 +1102,13 @@ impl Vm {
         self.entry_count += 1;
         match self.mode {
             Mode::Events => self.out.push((dev as usize, e)),
+            Mode::Collect => {
+                let d = dev as usize;
+                if self.traces.len() <= d {
+                    self.traces.resize_with(d + 1, Vec::new);
+                }
+                self.traces[d].push(e);
+            }
             Mode::Scan => {
                 if matches!(action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap) {
                     let d = dev as usize;
@@ -1249,9 +1418,13 @@ impl Vm {
         let mut have = 0u32;
         let mut action = 0u32;
         let mut frames = V::Absent;
-        // Strings this entry made: (memo index or u64::MAX, start in `b`, length, word code).
+        // Strings this entry made: (memo index or u64::MAX, start in `b`, length, word code;
+        // `FRESH_STACK`: the frames list read by `inline_frames`, its frames in `frame_key`).
         let mut fresh = [(0u64, 0usize, 0usize, 0u32); 4];
         let mut nfresh = 0usize;
+        // compile_context and user_metadata: a value, or `V::Entry(k)` for `fresh[k]`.
+        let mut meta = [V::Absent; 2];
+        let mut inline = false;
         let memo = &self.memo;
         loop {
             if i + 12 > b.len() {
@@ -1326,8 +1499,8 @@ impl Vm {
                     let w = c.wrapping_sub(1);
                     match k {
                         F_ACTION if (W_FIRST_ACTION as u32..W_FIRST_ACTION as u32 + 10).contains(&w) => action = w,
-                        F_CC | F_UM if c != 0 && c < TAG_STACK => {}
-                        F_CC | F_UM if c >= TAG_KEPT && matches!(memo.decode(c), V::Str { .. }) => {}
+                        F_CC | F_UM if c != 0 && c < TAG_STACK => meta[k - F_CC] = V::Word(w as u8),
+                        F_CC | F_UM if c >= TAG_KEPT && matches!(memo.decode(c), V::Str { .. }) => meta[k - F_CC] = memo.decode(c),
                         F_FRAMES if c >= TAG_STACK => {
                             frames = memo.decode(c);
                             if !matches!(frames, V::Stack(_) | V::List(_) | V::Tuple(_)) {
@@ -1374,10 +1547,21 @@ impl Vm {
                         }
                         _ => u64::MAX,
                     };
-                    if idx != u64::MAX {
-                        fresh[nfresh] = (idx, start, n, w.map_or(0, |w| w as u32 + 1));
-                        nfresh += 1;
+                    if k != F_ACTION {
+                        meta[k - F_CC] = V::Entry(nfresh as u32);
                     }
+                    fresh[nfresh] = (idx, start, n, w.map_or(0, |w| w as u32 + 1));
+                    nfresh += 1;
+                }
+                b']' if k == F_FRAMES && nfresh < fresh.len() && !inline => {
+                    inline = true;
+                    self.frame_key.clear();
+                    let Some(next) = inline_frames(b, i, memo, memo_next, &mut self.frame_key) else { return Ok(false) };
+                    i = next;
+                    fresh[nfresh] = (memo_next, 0, 0, FRESH_STACK);
+                    nfresh += 1;
+                    memo_next += 1;
+                    frames = FRESH_FRAMES;
                 }
                 _ => return Ok(false),
             }
@@ -1413,6 +1597,25 @@ impl Vm {
         self.pos += i;
         self.memo.count += 1; // the entry dict (not kept; a fresh index is empty)
         for &(idx, start, n, w) in &fresh[..nfresh] {
+            if idx == u64::MAX {
+                continue;
+            }
+            if w == FRESH_STACK {
+                // Interned only where the stacks are kept.
+                let sid = if self.mode == Mode::Collect {
+                    let key = std::mem::take(&mut self.frame_key);
+                    let sid = self.intern_stack(&key);
+                    self.frame_key = key;
+                    sid
+                } else {
+                    0
+                };
+                if frames == FRESH_FRAMES {
+                    frames = V::Stack(sid);
+                }
+                self.memo.put(idx, V::Stack(sid))?;
+                continue;
+            }
             let v = if w != 0 {
                 V::Word((w - 1) as u8)
             } else {
@@ -1433,7 +1636,8 @@ impl Vm {
             self.stack.push(V::Entry(SKIPPED));
             return Ok(true);
         }
-        let e = TraceEntry { action: act, addr, size, stream, time_us, stack: 0, meta: 0 };
+        let (stack, meta) = if self.mode == Mode::Collect { self.fast_stack_meta(frames, meta, &fresh, base)? } else { (0, 0) };
+        let e = TraceEntry { action: act, addr, size, stream, time_us, stack, meta };
         let id = match self.ready_free.pop() {
             Some(id) => {
                 self.ready[id as usize] = e;
@@ -1448,6 +1652,24 @@ impl Vm {
         Ok(true)
     }
 
+    /// [`Mode::Collect`]: the stack and metadata of an entry the fast path read (`meta`'s
+    /// `V::Entry(k)`: the string of `fresh[k]`, at `base` in the buffer).
+    fn fast_stack_meta(&mut self, frames: V, meta: [V; 2], fresh: &[(u64, usize, usize, u32)], base: usize) -> Result<(u32, u32), TraceError> {
+        let stack = self.stack_of(frames)?;
+        let text = |v: V, default: &'static [u8]| -> &[u8] {
+            match v {
+                V::Entry(k) => {
+                    let (_, start, n, _) = fresh[k as usize];
+                    &self.buf[base + start..base + start + n]
+                }
+                v => str_of(&self.strs, v, default),
+            }
+        };
+        let (cc, um) = (text(meta[0], NO_CC), text(meta[1], b""));
+        let meta = intern_meta(&mut self.meta_ids, &mut self.metas, &mut self.meta_key, cc, um)?;
+        Ok((stack, meta))
+    }
+
     /// The segments, settings and annotations as [`crate::snapshot`] reads them.
     fn header(&self) -> Result<(Vec<SnapshotSegment>, RecordedSettings), TraceError> {
         let mut t = Translate { vm: self, seqs: Vec::new(), dicts: Vec::new(), seq_ids: HashMap::new(), dict_ids: HashMap::new() };
@@ -1460,6 +1682,77 @@ impl Vm {
         let Translate { seqs, dicts, .. } = t;
         let d = pickle::Decoded::from_parts(&self.strs, seqs, dicts, Value::None);
         crate::snapshot::header_from_decoded(&d, vals[0], vals[2], vals[3]).map_err(|e| TraceError::Unstreamable(e.to_string()))
+    }
+}
+
+impl Vm {
+    /// [`Mode::Collect`], at the end: the snapshot, its stacks converted and numbered as
+    /// [`crate::snapshot`] numbers them (by first use: the entries', then the blocks').
+    fn into_snapshot(mut self) -> Result<crate::Snapshot, TraceError> {
+        let mut traces = std::mem::take(&mut self.traces);
+        traces.resize_with(traces.len().max(self.devices as usize), Vec::new);
+        let mut keys: Vec<&[u32]> = vec![&[]; self.stacks.len()];
+        for (k, &sid) in &self.stacks {
+            keys[sid as usize] = k;
+        }
+        // The stacks the entries use, in order of first use (an entry's `stack`: one more than
+        // its key's id).
+        let mut first_use = vec![u32::MAX; keys.len() + 1];
+        let mut used: Vec<u32> = Vec::new();
+        for e in traces.iter().flatten() {
+            let s = e.stack as usize;
+            if s != 0 && first_use[s] == u32::MAX {
+                first_use[s] = used.len() as u32;
+                used.push(e.stack - 1);
+            }
+        }
+        let mut t = Translate { vm: &self, seqs: Vec::new(), dicts: Vec::new(), seq_ids: HashMap::new(), dict_ids: HashMap::new() };
+        let mut lists = Vec::with_capacity(used.len());
+        for &sid in &used {
+            let mut items = Vec::with_capacity(keys[sid as usize].len());
+            for &d in keys[sid as usize] {
+                items.push(t.value(V::Dict(d), 0)?);
+            }
+            lists.push(Value::List(t.seqs.len() as u32));
+            t.seqs.push(items);
+        }
+        let mut vals = [None; 4];
+        for (k, v) in self.top.iter().enumerate() {
+            if k != 1 && *v != V::Absent {
+                vals[k] = Some(t.value(*v, 0)?);
+            }
+        }
+        let Translate { seqs, dicts, .. } = t;
+        let d = pickle::Decoded::from_parts(&self.strs, seqs, dicts, Value::None);
+        let h = crate::snapshot::compact_header_from_decoded(&d, &lists, vals[0], vals[2], vals[3])
+            .map_err(|e| TraceError::Unstreamable(e.to_string()))?;
+        // Metadata too is numbered by first use (the fast path interns it when it reads an
+        // entry, the general machine when the entry is appended).
+        let metas = std::mem::take(&mut self.metas).into_metas();
+        let mut meta_ids = vec![0u32; metas.len() + 1];
+        let mut entry_metas = Vec::with_capacity(metas.len());
+        for e in traces.iter_mut().flatten() {
+            if e.stack != 0 {
+                e.stack = h.stack_ids[first_use[e.stack as usize] as usize];
+            }
+            if e.meta != 0 {
+                let m = &mut meta_ids[e.meta as usize];
+                if *m == 0 {
+                    entry_metas.push(metas[e.meta as usize - 1].clone());
+                    *m = entry_metas.len() as u32;
+                }
+                e.meta = *m;
+            }
+        }
+        Ok(crate::Snapshot {
+            segments: h.segments,
+            device_traces: traces,
+            settings: h.settings,
+            stacks: h.stacks,
+            annotations: h.annotations,
+            entry_metas,
+            segments_only: false,
+        })
     }
 }
 
@@ -1614,6 +1907,18 @@ impl PickleFile {
         let mut segment_entries = std::mem::take(&mut vm.segment_entries);
         segment_entries.resize_with(devices.max(segment_entries.len()), Vec::new);
         Ok(PickleScan { settings, devices, segments, segment_entries, entries: vm.entry_count })
+    }
+
+    /// The whole snapshot, read in one pass by the stream's machine: what
+    /// [`crate::snapshot::from_pickle`] gives for the same bytes, in a fraction of its time and
+    /// memory (each entry is converted when it is appended, frames lists are interned as they
+    /// are read, and nothing of the pickle is kept but the memo's frame dicts and strings).
+    /// [`TraceError::Unstreamable`] when the file is not of the shape the stream reads (or not
+    /// valid): read it with [`crate::read_trace_whole`] instead, which also names what is wrong.
+    pub fn compact(&self) -> Result<crate::Snapshot, TraceError> {
+        let mut vm = Vm::new(self.input()?, Mode::Collect);
+        vm.run()?;
+        vm.into_snapshot()
     }
 
     /// The events, in file order, as `(device, entry)` (every `stack` and `meta` 0). After the
