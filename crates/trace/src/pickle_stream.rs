@@ -380,12 +380,12 @@ fn intern_meta(
 }
 
 /// A `frames` list written inside an entry, at `b[i]` (its `EMPTY_LIST`), as torch writes the
-/// list of each new traceback: its memo put (index `memo_next`), then memo references to frame
-/// dicts in `MARK … APPENDS` batches or by one `APPEND`. Pushes the frame dicts to `key` and
-/// returns the index after the list; `None` when the bytes are not of that form (the general
-/// machine reads them).
+/// list of each new traceback: its memo put (index `memo_next`), then memo references (to frame
+/// dicts) in `MARK … APPENDS` batches or by one `APPEND`. The range of those items' bytes, which
+/// ends where the list does; `None` when the bytes are not of that form (the general machine
+/// reads them). Only the opcodes are read: [`frame_dicts`] resolves the references.
 #[inline]
-fn inline_frames(b: &[u8], mut i: usize, memo: &Memo, memo_next: u64, key: &mut Vec<u32>) -> Option<usize> {
+fn frames_extent(b: &[u8], mut i: usize, memo_next: u64) -> Option<(usize, usize)> {
     let u32_at = |i: usize| -> Option<u64> { Some(u32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?) as u64) };
     i += 1;
     match *b.get(i)? {
@@ -394,49 +394,98 @@ fn inline_frames(b: &[u8], mut i: usize, memo: &Memo, memo_next: u64, key: &mut 
         b'r' if u32_at(i + 1)? == memo_next => i += 5,
         _ => return None,
     }
-    // One memo reference at `i` to a frame dict: its dict and length.
-    let item = |i: usize| -> Option<(u32, usize)> {
-        let (idx, n) = match *b.get(i)? {
-            b'h' => (*b.get(i + 1)? as u64, 2),
-            b'j' => (u32_at(i + 1)?, 5),
-            _ => return None,
-        };
-        let code = memo.code(idx);
-        if code < TAG_KEPT {
-            return None;
-        }
-        match memo.kept[(code & PAYLOAD) as usize] {
-            V::Dict(d) => Some((d, n)),
-            _ => None,
-        }
-    };
+    let start = i;
     loop {
         match *b.get(i)? {
             b'(' => {
                 i += 1;
                 loop {
-                    if *b.get(i)? == b'e' {
-                        i += 1;
-                        break;
+                    match *b.get(i)? {
+                        b'h' => i += 2,
+                        b'j' => i += 5,
+                        b'e' => break,
+                        _ => return None,
                     }
-                    let (d, n) = item(i)?;
-                    key.push(d);
-                    i += n;
                 }
+                i += 1;
             }
-            b'h' | b'j' => {
-                // One APPEND, or the entry's next key after the list.
-                let n = if b[i] == b'h' { 2 } else { 5 };
+            // One APPEND, or the entry's next key after the list.
+            op @ (b'h' | b'j') => {
+                let n = if op == b'h' { 2 } else { 5 };
                 if b.get(i + n) != Some(&b'a') {
-                    return Some(i);
+                    return Some((start, i));
                 }
-                key.push(item(i)?.0);
                 i += n + 1;
             }
-            _ => return Some(i),
+            _ => return Some((start, i)),
         }
     }
 }
+
+/// The frame dicts the items of a frames list refer to ([`frames_extent`]'s bytes), pushed to
+/// `key`; `None` when one is not a memo reference to a dict.
+#[inline]
+fn frame_dicts(items: &[u8], memo: &Memo, key: &mut Vec<u32>) -> Option<()> {
+    let mut i = 0;
+    while i < items.len() {
+        let (idx, n) = match items[i] {
+            b'(' | b'e' | b'a' => {
+                i += 1;
+                continue;
+            }
+            b'h' => (*items.get(i + 1)? as u64, 2),
+            _ => (u32::from_le_bytes(items.get(i + 1..i + 5)?.try_into().ok()?) as u64, 5),
+        };
+        let code = memo.code(idx);
+        if code < TAG_KEPT {
+            return None;
+        }
+        let V::Dict(d) = memo.kept[(code & PAYLOAD) as usize] else { return None };
+        key.push(d);
+        i += n;
+    }
+    Some(())
+}
+
+/// A hasher for byte strings (the frames lists [`Vm::frames_seen`] keeps): four lanes of 8 bytes
+/// mixed by multiplication, folded by a 128-bit multiply. Not DoS-resistant, like
+/// [`crate::hash::IntHasher`].
+#[derive(Default, Clone, Copy)]
+struct BytesHasher(u64);
+
+impl std::hash::Hasher for BytesHasher {
+    #[inline]
+    fn write(&mut self, b: &[u8]) {
+        const K: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut a = [self.0 ^ b.len() as u64, K, K.rotate_left(17), K.rotate_left(41)];
+        let mut chunks = b.chunks_exact(32);
+        for c in &mut chunks {
+            for (j, lane) in a.iter_mut().enumerate() {
+                let w = u64::from_le_bytes(c[8 * j..8 * j + 8].try_into().unwrap_or_default());
+                *lane = (*lane ^ w).wrapping_mul(K).rotate_left(29);
+            }
+        }
+        for (j, c) in chunks.remainder().chunks(8).enumerate() {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            a[j] = (a[j] ^ u64::from_le_bytes(w)).wrapping_mul(K).rotate_left(29);
+        }
+        let p = ((a[0] ^ a[2].rotate_left(32)) as u128).wrapping_mul((a[1] ^ a[3].rotate_left(32) | 1) as u128);
+        self.0 = (p as u64) ^ ((p >> 64) as u64);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.0 ^= i as u64;
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// At most this many bytes of frames lists in [`Vm::frames_seen`] (a snapshot whose every
+/// entry has a stack of its own must not keep them all).
+const FRAMES_SEEN_BYTES: usize = 16 << 20;
 
 // ---------------------------------------------------------------------------------------------
 // Input
@@ -606,6 +655,12 @@ struct Vm {
     /// Scratch: the frame dicts of a `frames` list the fast path read; a metadata key.
     frame_key: Vec<u32>,
     meta_key: Vec<u8>,
+    /// The frames lists the fast path read inside entries, by their items' bytes: the stack
+    /// (0 outside [`Mode::Collect`]), so a list seen before is neither resolved nor hashed by
+    /// its frames again. Emptied when a memo index is bound again (the same bytes could then
+    /// mean other frames); at most [`FRAMES_SEEN_BYTES`].
+    frames_seen: HashMap<Box<[u8]>, u32, BuildHasherDefault<BytesHasher>>,
+    frames_seen_bytes: usize,
 }
 
 const GENERIC_SEQ: u64 = u64::MAX - 1;
@@ -662,6 +717,8 @@ impl Vm {
             meta_ids: HashMap::new(),
             frame_key: Vec::new(),
             meta_key: Vec::new(),
+            frames_seen: HashMap::default(),
+            frames_seen_bytes: 0,
         }
     }
 
@@ -793,6 +850,10 @@ impl Vm {
     }
 
     fn memo_put(&mut self, idx: u64, v: V) -> Result<(), TraceError> {
+        if idx < self.memo.count && !self.frames_seen.is_empty() {
+            self.frames_seen.clear();
+            self.frames_seen_bytes = 0;
+        }
         if let V::List(id) = v
             && self.seq_memo[id as usize] == FRAMES_SEQ
         {
@@ -1425,6 +1486,8 @@ impl Vm {
         // compile_context and user_metadata: a value, or `V::Entry(k)` for `fresh[k]`.
         let mut meta = [V::Absent; 2];
         let mut inline = false;
+        // The inline frames list's stack, when `frames_seen` knew its bytes.
+        let mut known = None;
         let memo = &self.memo;
         loop {
             if i + 12 > b.len() {
@@ -1555,10 +1618,16 @@ impl Vm {
                 }
                 b']' if k == F_FRAMES && nfresh < fresh.len() && !inline => {
                     inline = true;
-                    self.frame_key.clear();
-                    let Some(next) = inline_frames(b, i, memo, memo_next, &mut self.frame_key) else { return Ok(false) };
+                    let Some((start, next)) = frames_extent(b, i, memo_next) else { return Ok(false) };
+                    known = self.frames_seen.get(&b[start..next]).copied();
+                    if known.is_none() {
+                        self.frame_key.clear();
+                        if frame_dicts(&b[start..next], memo, &mut self.frame_key).is_none() {
+                            return Ok(false);
+                        }
+                    }
                     i = next;
-                    fresh[nfresh] = (memo_next, 0, 0, FRESH_STACK);
+                    fresh[nfresh] = (memo_next, start, next - start, FRESH_STACK);
                     nfresh += 1;
                     memo_next += 1;
                     frames = FRESH_FRAMES;
@@ -1601,14 +1670,24 @@ impl Vm {
                 continue;
             }
             if w == FRESH_STACK {
-                // Interned only where the stacks are kept.
-                let sid = if self.mode == Mode::Collect {
-                    let key = std::mem::take(&mut self.frame_key);
-                    let sid = self.intern_stack(&key);
-                    self.frame_key = key;
-                    sid
-                } else {
-                    0
+                let sid = match known {
+                    Some(sid) => sid,
+                    None => {
+                        // Interned only where the stacks are kept.
+                        let sid = if self.mode == Mode::Collect {
+                            let key = std::mem::take(&mut self.frame_key);
+                            let sid = self.intern_stack(&key);
+                            self.frame_key = key;
+                            sid
+                        } else {
+                            0
+                        };
+                        if self.frames_seen_bytes + n <= FRAMES_SEEN_BYTES {
+                            self.frames_seen_bytes += n;
+                            self.frames_seen.insert(self.buf[base + start..base + start + n].into(), sid);
+                        }
+                        sid
+                    }
                 };
                 if frames == FRESH_FRAMES {
                     frames = V::Stack(sid);
@@ -1867,8 +1946,8 @@ impl PickleFile {
         Ok((first == 0x80).then_some(file))
     }
 
-    /// A pickle held in memory (not gzip'd).
-    pub fn from_bytes(bytes: Vec<u8>) -> PickleFile {
+    /// A pickle held in memory (not gzip'd; a `Vec<u8>`, or a slice, which is copied).
+    pub fn from_bytes(bytes: impl Into<std::sync::Arc<[u8]>>) -> PickleFile {
         PickleFile { path: PathBuf::from("(memory)"), gzip: false, bytes: Some(bytes.into()) }
     }
 
@@ -1914,7 +1993,8 @@ impl PickleFile {
     /// memory (each entry is converted when it is appended, frames lists are interned as they
     /// are read, and nothing of the pickle is kept but the memo's frame dicts and strings).
     /// [`TraceError::Unstreamable`] when the file is not of the shape the stream reads (or not
-    /// valid): read it with [`crate::read_trace_whole`] instead, which also names what is wrong.
+    /// valid): read it with [`crate::read_trace_whole`] instead, which also names what is wrong
+    /// ([`crate::read_trace`] does both).
     pub fn compact(&self) -> Result<crate::Snapshot, TraceError> {
         let mut vm = Vm::new(self.input()?, Mode::Collect);
         vm.run()?;
