@@ -271,7 +271,7 @@ impl ReplayArgs {
 /// `--device N`: that device; else every device with entries (in device order), streamed where
 /// one pass gives the answer (see `allocsim_commands::file`).
 fn cmd_replay(args: &ReplayArgs, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
-    let f = ReplayFile { path: &args.trace, addresses_from: args.addresses_from.as_deref(), in_memory: args.in_memory };
+    let f = ReplayFile { addresses_from: args.addresses_from.as_deref(), in_memory: args.in_memory, ..ReplayFile::new(&args.trace) };
     let err = &mut *io.err;
     let mut note = |n: &str| {
         let _ = writeln!(err, "allocsim: note: {n}");

@@ -18,6 +18,9 @@ use common::*;
 
 use std::path::{Path, PathBuf};
 
+use allocsim_commands::Answer;
+use allocsim_commands::file::{COMPACT_FIRST_ENTRIES, ReplayFile, replay_file};
+use allocsim_commands::replay::ReplayOptions;
 use allocsim_replay::devices::run_devices;
 use allocsim_replay::stream::{StreamInput, Streamed, replay_stream};
 use allocsim_replay::{ReplaySpec, ReplaySummary, Request};
@@ -519,7 +522,8 @@ fn synthetic_workloads_stream_to_the_in_memory_answer() {
 /// turned on late among them) reads to the very snapshot the general decoders build; cut
 /// mid-history (its first third dropped, as the ring buffer would) and written as a pickle, the
 /// stream falls back and `allocsim replay` prints what it prints when the trace is read by the
-/// general decoders (`--in-memory`), text and JSON, with `--placements` and `--addresses-from`.
+/// general decoders (`--in-memory`), text and JSON, with `--placements` and `--addresses-from`;
+/// and the same whether a file's first pass keeps its entries or only scans it.
 #[test]
 fn what_one_pass_cannot_answer_is_read_compactly_to_the_same_answer() {
     let mut traces = all_traces();
@@ -556,6 +560,16 @@ fn what_one_pass_cannot_answer_is_read_compactly_to_the_same_answer() {
         }
         // The cut run's segments placed where the whole run put them.
         same(&["replay", f.arg(), "--json", "--addresses-from", p], &format!("{name} cut --addresses-from"));
+        // A file's first pass keeps its entries (the default, for files this small) or scans
+        // it: the same answer.
+        for file in [path.as_path(), f.0.as_path()] {
+            let answer = |compact_first: u64| {
+                let rf = ReplayFile { compact_first, ..ReplayFile::new(file) };
+                let a = replay_file(rf, &ReplayOptions::default(), &mut |n| panic!("{name}: note {n}")).unwrap();
+                (a.text(), a.json())
+            };
+            assert_eq!(answer(COMPACT_FIRST_ENTRIES), answer(0), "{name}: read once or scanned first ({})", file.display());
+        }
     };
     let (even, odd): (Vec<_>, Vec<_>) = traces.iter().enumerate().partition(|(i, _)| i % 2 == 0);
     std::thread::scope(|s| {

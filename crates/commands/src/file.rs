@@ -11,6 +11,13 @@
 //! general decoders alone ([`allocsim_trace::read_trace_whole`]), the reference the other paths
 //! are tested against. Every path gives the same answer.
 //!
+//! A pickle's first pass keeps the whole snapshot when it holds at most
+//! [`COMPACT_FIRST_ENTRIES`] entries (48 MiB of them;
+//! [`allocsim_trace::pickle_stream::PickleFile::first_pass`]), so a small file is read once: its
+//! entries are replayed from memory, in one pass when that gives the answer, else in memory
+//! (as a trace that starts mid-history needs). A larger file's first pass is a scan, and its
+//! entries are read again, streamed or compactly.
+//!
 //! Why a trace that starts mid-history is not streamed: its replay starts from the state
 //! `allocsim_replay::restore::reconstruct` undoes backwards from the final segments through the
 //! whole trace, and that state is then settled (`allocsim_replay::settle`: blocks freed in the
@@ -24,9 +31,9 @@ use std::path::Path;
 
 use allocsim_replay::ReplaySummary;
 use allocsim_replay::stream::{StreamError, StreamInput, Streamed, replay_stream};
-use allocsim_trace::Snapshot;
 use allocsim_trace::jsonl_stream::JsonlFile;
-use allocsim_trace::pickle_stream::PickleFile;
+use allocsim_trace::pickle_stream::{FirstPass, PickleFile, PickleScan};
+use allocsim_trace::{Action, Snapshot, TraceEntry};
 
 use crate::error::trace_error;
 use crate::replay::{ReplayAnswer, ReplayOptions};
@@ -39,6 +46,10 @@ pub fn read_trace(path: &Path, whole: bool) -> Result<Snapshot, Error> {
     r.map_err(|e| trace_error(&path.display().to_string(), e))
 }
 
+/// At most this many entries, a pickle's first pass keeps them all (see the module
+/// documentation).
+pub const COMPACT_FIRST_ENTRIES: u64 = 1 << 20;
+
 /// Where [`replay_file`] reads its traces, and how.
 #[derive(Clone, Copy, Debug)]
 pub struct ReplayFile<'a> {
@@ -48,6 +59,16 @@ pub struct ReplayFile<'a> {
     /// Read the traces whole with the general decoders before replaying (see the module
     /// documentation).
     pub in_memory: bool,
+    /// A pickle's first pass keeps its entries when there are at most this many
+    /// ([`COMPACT_FIRST_ENTRIES`]; 0: never, every pickle is scanned first).
+    pub compact_first: u64,
+}
+
+impl<'a> ReplayFile<'a> {
+    /// `path`, replayed the default way.
+    pub fn new(path: &'a Path) -> ReplayFile<'a> {
+        ReplayFile { path, addresses_from: None, in_memory: false, compact_first: COMPACT_FIRST_ENTRIES }
+    }
 }
 
 /// Above this size on disk, a trace that is replayed in memory after all says why (`note`).
@@ -58,11 +79,23 @@ const NOTE_FALLBACK_ABOVE: u64 = 1 << 30;
 /// is replayed in memory rather than streamed.
 pub fn replay_file(f: ReplayFile<'_>, options: &ReplayOptions, note: &mut dyn FnMut(&str)) -> Result<ReplayAnswer, Error> {
     let name = f.path.display().to_string();
+    let mut read = None;
     if !f.in_memory && f.addresses_from.is_none() && options.placements.is_none() {
         let streamed = if let Some(file) = JsonlFile::open(f.path).map_err(|e| trace_error(&name, e))? {
             stream_jsonl(&file, options, note)?
         } else if let Some(file) = PickleFile::open(f.path).map_err(|e| trace_error(&name, e))? {
-            stream_pickle(&file, options, note)?
+            match file.first_pass(f.compact_first) {
+                Ok(FirstPass::Whole(snap)) => {
+                    let v = stream_snapshot(&snap, f.path, file.len(), options, note)?;
+                    read = Some(snap);
+                    v
+                }
+                Ok(FirstPass::Scan(scan)) => stream_pickle(&file, scan, options, note)?,
+                Err(e) => {
+                    fallback_note(f.path, file.len(), &e.to_string(), note);
+                    None
+                }
+            }
         } else {
             None
         };
@@ -70,9 +103,37 @@ pub fn replay_file(f: ReplayFile<'_>, options: &ReplayOptions, note: &mut dyn Fn
             return Ok(ReplayAnswer::new(&name, options.clone(), v));
         }
     }
-    let snap = read_trace(f.path, f.in_memory)?;
+    let snap = match read {
+        Some(s) => s,
+        None => read_trace(f.path, f.in_memory)?,
+    };
     let other = f.addresses_from.map(|p| read_trace(p, f.in_memory)).transpose()?;
     crate::replay::replay(Trace { name: &name, snapshot: &snap }, other.as_ref(), options)
+}
+
+/// Replays a snapshot already read (a pickle's first pass) in one pass over its entries, as they
+/// would have been streamed; `None` when only the in-memory replay gives the answer.
+fn stream_snapshot(snap: &Snapshot, path: &Path, len: u64, options: &ReplayOptions, note: &mut dyn FnMut(&str)) -> Result<Option<Vec<ReplaySummary>>, Error> {
+    let bare = |e: &TraceEntry| TraceEntry { stack: 0, meta: 0, ..*e };
+    let segment_entries: Vec<Vec<TraceEntry>> = snap
+        .device_traces
+        .iter()
+        .map(|t| t.iter().filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)).map(bare).collect())
+        .collect();
+    let input = StreamInput { settings: &snap.settings, devices: Some(snap.device_traces.len()), segments: &snap.segments, segment_entries: &segment_entries };
+    let events = || {
+        let it = snap.device_traces.iter().enumerate().flat_map(move |(d, t)| t.iter().map(move |e| Ok((d, bare(e)))));
+        Ok::<_, std::convert::Infallible>(it)
+    };
+    match replay_stream(&input, &options.spec(None), events) {
+        Ok(Streamed::Done(v)) => Ok(Some(v)),
+        Ok(Streamed::Fallback(why)) => {
+            fallback_note(path, len, &why, note);
+            Ok(None)
+        }
+        Err(StreamError::Read(e)) => match e {},
+        Err(StreamError::Run(e)) => Err(e.into()),
+    }
 }
 
 /// Says why a large file is replayed in memory.
@@ -105,19 +166,12 @@ fn stream_jsonl(file: &JsonlFile, options: &ReplayOptions, note: &mut dyn FnMut(
     }
 }
 
-/// Replays a snapshot pickle in one pass over its entries (after a first pass for its segments,
-/// segment events and settings); `None` when only the in-memory replay gives the answer: a shape
+/// Replays a snapshot pickle in one pass over its entries (after `scan`, the first pass: its
+/// segments, segment events and settings); `None` when only the in-memory replay gives the answer: a shape
 /// the stream does not read, an invalid file (whose error the general decoder reports), or a
 /// question one pass cannot answer.
-fn stream_pickle(file: &PickleFile, options: &ReplayOptions, note: &mut dyn FnMut(&str)) -> Result<Option<Vec<ReplaySummary>>, Error> {
+fn stream_pickle(file: &PickleFile, scan: PickleScan, options: &ReplayOptions, note: &mut dyn FnMut(&str)) -> Result<Option<Vec<ReplaySummary>>, Error> {
     let path = file.path();
-    let scan = match file.scan() {
-        Ok(s) => s,
-        Err(e) => {
-            fallback_note(path, file.len(), &e.to_string(), note);
-            return Ok(None);
-        }
-    };
     let input = StreamInput {
         settings: &scan.settings,
         devices: Some(scan.devices),

@@ -661,6 +661,8 @@ struct Vm {
     /// mean other frames); at most [`FRAMES_SEEN_BYTES`].
     frames_seen: HashMap<Box<[u8]>, u32, BuildHasherDefault<BytesHasher>>,
     frames_seen_bytes: usize,
+    /// [`Mode::Collect`]: past this many entries, a scan ([`PickleFile::first_pass`]).
+    max_entries: u64,
 }
 
 const GENERIC_SEQ: u64 = u64::MAX - 1;
@@ -719,6 +721,7 @@ impl Vm {
             meta_key: Vec::new(),
             frames_seen: HashMap::default(),
             frames_seen_bytes: 0,
+            max_entries: u64::MAX,
         }
     }
 
@@ -1163,12 +1166,26 @@ impl Vm {
         self.entry_count += 1;
         match self.mode {
             Mode::Events => self.out.push((dev as usize, e)),
-            Mode::Collect => {
+            Mode::Collect if self.entry_count <= self.max_entries => {
                 let d = dev as usize;
                 if self.traces.len() <= d {
                     self.traces.resize_with(d + 1, Vec::new);
                 }
                 self.traces[d].push(e);
+            }
+            Mode::Collect => {
+                // More entries than [`PickleFile::first_pass`] keeps: a scan from here on.
+                self.mode = Mode::Scan;
+                for (d, t) in std::mem::take(&mut self.traces).into_iter().enumerate() {
+                    let segment = |e: &TraceEntry| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap);
+                    let kept: Vec<TraceEntry> = t.iter().filter(|e| segment(e)).map(|e| TraceEntry { stack: 0, meta: 0, ..*e }).collect();
+                    if self.segment_entries.len() <= d {
+                        self.segment_entries.resize_with(d + 1, Vec::new);
+                    }
+                    self.segment_entries[d] = kept;
+                }
+                self.entry_count -= 1;
+                self.emit(e, dev);
             }
             Mode::Scan => {
                 if matches!(action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap) {
@@ -1176,7 +1193,8 @@ impl Vm {
                     if self.segment_entries.len() <= d {
                         self.segment_entries.resize_with(d + 1, Vec::new);
                     }
-                    self.segment_entries[d].push(e);
+                    // (Entries read before a first pass became a scan carry their stacks.)
+                    self.segment_entries[d].push(TraceEntry { stack: 0, meta: 0, ..e });
                 }
             }
         }
@@ -1765,6 +1783,15 @@ impl Vm {
 }
 
 impl Vm {
+    /// [`Mode::Scan`], at the end: what [`PickleFile::scan`] returns.
+    fn into_scan(mut self) -> Result<PickleScan, TraceError> {
+        let (segments, settings) = self.header()?;
+        let devices = self.devices as usize;
+        let mut segment_entries = std::mem::take(&mut self.segment_entries);
+        segment_entries.resize_with(devices.max(segment_entries.len()), Vec::new);
+        Ok(PickleScan { settings, devices, segments, segment_entries, entries: self.entry_count })
+    }
+
     /// [`Mode::Collect`], at the end: the snapshot, its stacks converted and numbered as
     /// [`crate::snapshot`] numbers them (by first use: the entries', then the blocks').
     fn into_snapshot(mut self) -> Result<crate::Snapshot, TraceError> {
@@ -1910,6 +1937,15 @@ impl Translate<'_> {
 // ---------------------------------------------------------------------------------------------
 // Files
 
+/// What [`PickleFile::first_pass`] read.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FirstPass {
+    /// The whole snapshot (at most the number of entries asked for).
+    Whole(crate::Snapshot),
+    /// What [`PickleFile::scan`] reads (more entries than that).
+    Scan(PickleScan),
+}
+
 /// A snapshot pickle file, plain or gzip'd, read by [`PickleFile::scan`] and
 /// [`PickleFile::events`] as often as needed.
 #[derive(Clone, Debug)]
@@ -1981,11 +2017,21 @@ impl PickleFile {
     pub fn scan(&self) -> Result<PickleScan, TraceError> {
         let mut vm = Vm::new(self.input()?, Mode::Scan);
         vm.run()?;
-        let (segments, settings) = vm.header()?;
-        let devices = vm.devices as usize;
-        let mut segment_entries = std::mem::take(&mut vm.segment_entries);
-        segment_entries.resize_with(devices.max(segment_entries.len()), Vec::new);
-        Ok(PickleScan { settings, devices, segments, segment_entries, entries: vm.entry_count })
+        vm.into_scan()
+    }
+
+    /// A first pass that reads the whole snapshot, as [`PickleFile::compact`], when it holds at
+    /// most `max_entries` trace entries, and is [`PickleFile::scan`] otherwise (the entries read
+    /// until there were more are then dropped): a replay then needs no second pass over a small
+    /// file, and memory stays bounded (by `max_entries` entries of 48 bytes) for a large one.
+    pub fn first_pass(&self, max_entries: u64) -> Result<FirstPass, TraceError> {
+        let mut vm = Vm::new(self.input()?, Mode::Collect);
+        vm.max_entries = max_entries;
+        vm.run()?;
+        if vm.mode == Mode::Collect {
+            return vm.into_snapshot().map(FirstPass::Whole);
+        }
+        vm.into_scan().map(FirstPass::Scan)
     }
 
     /// The whole snapshot, read in one pass by the stream's machine: what

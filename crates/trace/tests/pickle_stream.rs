@@ -8,7 +8,7 @@ mod common;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use allocsim_trace::pickle_stream::{PickleFile, PickleScan};
+use allocsim_trace::pickle_stream::{FirstPass, PickleFile, PickleScan};
 use allocsim_trace::{Action, Snapshot, TraceEntry, TraceError, snapshot};
 use common::{fixture, reference};
 
@@ -24,7 +24,7 @@ fn is_segment(a: Action) -> bool {
 /// What the stream reads of `file` equals what `from_pickle` gives for `raw` (its bytes).
 fn check(file: &PickleFile, whole: &Snapshot, what: &str) {
     let scan = file.scan().unwrap_or_else(|e| panic!("{what}: scan: {e}"));
-    let PickleScan { settings, devices, segments, segment_entries, entries } = scan;
+    let PickleScan { settings, devices, segments, segment_entries, entries } = scan.clone();
     assert_eq!(settings, whole.settings, "{what}: settings");
     assert_eq!(devices, whole.device_traces.len(), "{what}: devices");
     let mut want_segments = whole.segments.clone();
@@ -49,6 +49,16 @@ fn check(file: &PickleFile, whole: &Snapshot, what: &str) {
     // Read whole by the stream's machine: the whole-file decoder's snapshot, field for field.
     let compact = file.compact().unwrap_or_else(|e| panic!("{what}: compact: {e}"));
     assert_same_snapshot(&compact, whole, what);
+    // A first pass keeps the whole snapshot up to a number of entries, else is the scan (also
+    // when it becomes one midway).
+    let n = entries;
+    assert_eq!(file.first_pass(n).unwrap(), FirstPass::Whole(compact), "{what}: first pass of {n} entries");
+    let scan = file.scan().unwrap();
+    for max in [0, n / 2, n.saturating_sub(1)] {
+        if max < n {
+            assert_eq!(file.first_pass(max).unwrap(), FirstPass::Scan(scan.clone()), "{what}: first pass of at most {max} entries");
+        }
+    }
 }
 
 /// `a` equals `b`, the first difference named.
