@@ -447,30 +447,26 @@ fn frame_dicts(items: &[u8], memo: &Memo, key: &mut Vec<u32>) -> Option<()> {
     Some(())
 }
 
-/// A hasher for byte strings (the frames lists [`Vm::frames_seen`] keeps): four lanes of 8 bytes
-/// mixed by multiplication, folded by a 128-bit multiply. Not DoS-resistant, like
-/// [`crate::hash::IntHasher`].
+/// A hasher for byte strings (the frames lists [`Vm::frames_seen`] keeps): Fletcher's two running
+/// sums over 8-byte words (position-sensitive, one add each), folded by a 128-bit multiply. Not
+/// DoS-resistant, like [`crate::hash::IntHasher`]; equal hashes are told apart by comparing bytes.
 #[derive(Default, Clone, Copy)]
 struct BytesHasher(u64);
 
 impl std::hash::Hasher for BytesHasher {
     #[inline]
     fn write(&mut self, b: &[u8]) {
-        const K: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut a = [self.0 ^ b.len() as u64, K, K.rotate_left(17), K.rotate_left(41)];
-        let mut chunks = b.chunks_exact(32);
+        let (mut s1, mut s2) = (self.0 ^ b.len() as u64, 0u64);
+        let mut chunks = b.chunks_exact(8);
         for c in &mut chunks {
-            for (j, lane) in a.iter_mut().enumerate() {
-                let w = u64::from_le_bytes(c[8 * j..8 * j + 8].try_into().unwrap_or_default());
-                *lane = (*lane ^ w).wrapping_mul(K).rotate_left(29);
-            }
+            s1 = s1.wrapping_add(u64::from_le_bytes(c.try_into().unwrap_or_default()));
+            s2 = s2.wrapping_add(s1);
         }
-        for (j, c) in chunks.remainder().chunks(8).enumerate() {
-            let mut w = [0u8; 8];
-            w[..c.len()].copy_from_slice(c);
-            a[j] = (a[j] ^ u64::from_le_bytes(w)).wrapping_mul(K).rotate_left(29);
-        }
-        let p = ((a[0] ^ a[2].rotate_left(32)) as u128).wrapping_mul((a[1] ^ a[3].rotate_left(32) | 1) as u128);
+        let mut w = [0u8; 8];
+        w[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+        s1 = s1.wrapping_add(u64::from_le_bytes(w));
+        s2 = s2.wrapping_add(s1);
+        let p = (s1 as u128).wrapping_mul((s2 ^ 0x9e37_79b9_7f4a_7c15) as u128 | 1);
         self.0 = (p as u64) ^ ((p >> 64) as u64);
     }
     #[inline]
