@@ -602,6 +602,10 @@ fn seed_from_releases(
 ) -> (Plan, usize) {
     let mut trials = 0;
     let mut best: Option<Score> = None;
+    // Runs later in the trace can decide segments made before an earlier run's divergence (a pool
+    // released only at the end), so the runs are tried again until no run changes.
+    for _pass in 0..3 {
+    let before = plan.labels.clone();
     let mut done: Vec<bool> = vec![false; inst.all.len()];
     for op in &program.ops {
         let Op::ReleaseRun { start, end } = *op else { continue };
@@ -674,12 +678,13 @@ fn seed_from_releases(
                     t.labels[i as usize] = l;
                 }
             }
-            if labels == current && best.is_some() {
+            if labels.iter().zip(&current).all(|(a, b)| (*a == Label::Default) == (*b == Label::Default)) && same_grouping(&labels, &current) && best.is_some() {
                 chosen = chosen.or(Some((t, best.unwrap())));
                 continue;
             }
             let (_, _, sc) = run(&t);
             trials += 1;
+            debug(|| format!("seed: run {start}..{end}: {labels:?} scores {sc:?}"));
             if chosen.as_ref().is_none_or(|c| sc > c.1) {
                 chosen = Some((t, sc));
             }
@@ -693,6 +698,23 @@ fn seed_from_releases(
                 done[i as usize] = true;
             }
         }
+    }
+    // The same reading up to group numbers: done.
+    let canon = |l: &[Label]| {
+        let mut seen: Vec<u32> = Vec::new();
+        l.iter()
+            .map(|x| match *x {
+                Label::Default => None,
+                Label::Pool(g) => Some(seen.iter().position(|&y| y == g).unwrap_or_else(|| {
+                    seen.push(g);
+                    seen.len() - 1
+                })),
+            })
+            .collect::<Vec<_>>()
+    };
+    if canon(&before) == canon(&plan.labels) || trials >= max_trials {
+        break;
+    }
     }
     // Drop groups no segment uses.
     let used: Vec<bool> = (0..plan.groups.len() as u32).map(|g| plan.labels.contains(&Label::Pool(g))).collect();
@@ -711,6 +733,11 @@ fn seed_from_releases(
     }
     plan.groups = groups;
     (plan, trials)
+}
+
+/// Whether two labellings of the same pieces group them alike (group numbers aside).
+fn same_grouping(a: &[Label], b: &[Label]) -> bool {
+    (0..a.len()).all(|i| (0..a.len()).all(|j| (a[i] == a[j]) == (b[i] == b[j])))
 }
 
 /// Appends a line to the file `ALLOCSIM_DEBUG_POOLS` names, if set: the search's steps, for
