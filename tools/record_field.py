@@ -569,6 +569,136 @@ def w_compile_infer2(ctx):
             del tmp
 
 
+def w_graph_capture(ctx):
+    """CUDA-graph capture cost by batch size, as serving engines capture: a decoder-like model (weights
+    eager), a warm-up per batch size on a side stream, then one graph per batch size (largest first) into
+    one shared pool (`graph_pool_handle()`), replayed. The batch sizes come from $BATCHES (comma-separated,
+    default 256,128,64,32,16,8,4,2,1). `extra` holds the memory readings after the weights, after each
+    capture and at the end."""
+    torch = ctx.torch
+    batches = [int(b) for b in os.environ.get("BATCHES", "256,128,64,32,16,8,4,2,1").split(",")]
+    d = 1024
+    layer = torch.nn.TransformerEncoderLayer(d, 16, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, 4), torch.nn.Linear(d, 8000)).cuda().eval()
+    seq = 16
+    reading = lambda: {"reserved": torch.cuda.memory_reserved(), "allocated": torch.cuda.memory_allocated()}
+    ctx.extra["batches"] = batches
+    ctx.extra["after_weights"] = reading()
+    pool = torch.cuda.graph_pool_handle()
+    s = torch.cuda.Stream()
+    graphs = {}
+    captures = []
+    with torch.no_grad():
+        for bs in batches:
+            ctx.step = bs
+            x = torch.randn(bs, seq, d, device="cuda")
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    model(x)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                y = model(x)
+            graphs[bs] = (g, x, y)
+            captures.append({"batch": bs, **reading()})
+        ctx.extra["captures"] = captures
+        for i in range(4):
+            for bs in batches[::2]:
+                graphs[bs][0].replay()
+    torch.cuda.synchronize()
+    ctx.extra["end"] = reading()
+
+
+def w_mempool_serving2(ctx):
+    """A second MemPool serving pattern: a pool kept alive across `empty_cache()`, a pool allocated from
+    from two streams in turn, pools dropped in another order than created, eager work throughout."""
+    torch = ctx.torch
+    rng = random.Random(23)
+    side = torch.cuda.Stream()
+    keep = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(keep):
+        w = [torch.empty(rng.choice([2, 5, 11, 24]) * MiB + rng.randrange(0, 9000), dtype=torch.uint8, device="cuda")
+             for _ in range(8)]
+    pools = []
+    live = []
+    for rnd in range(6):
+        ctx.step = rnd
+        p = torch.cuda.MemPool()
+        pools.append(p)
+        with torch.cuda.use_mem_pool(p):
+            a = [torch.empty(rng.randrange(1, 30) * MiB // 2, dtype=torch.uint8, device="cuda") for _ in range(3)]
+            b = [torch.empty(rng.randrange(512, 1_000_000), dtype=torch.uint8, device="cuda") for _ in range(4)]
+        with torch.cuda.stream(side):
+            with torch.cuda.use_mem_pool(p):
+                c = torch.empty(rng.randrange(1, 12) * MiB, dtype=torch.uint8, device="cuda")
+                c2 = torch.empty(rng.randrange(512, 400_000), dtype=torch.uint8, device="cuda")
+            c.fill_(1)
+        side.synchronize()
+        eager = [torch.empty(rng.randrange(1, 50) * 70_000, dtype=torch.uint8, device="cuda") for _ in range(5)]
+        live.append((a[0], b[1]))
+        del a, b, c, c2, eager[1::2]
+        if rnd % 3 == 2:
+            torch.cuda.empty_cache()
+        if len(pools) > 2:
+            old = pools.pop(1)
+            live.pop(1)
+            del old
+        del eager
+    del w
+    torch.cuda.empty_cache()
+    live.clear()
+    pools.clear()
+    torch.cuda.empty_cache()
+    del keep
+    torch.cuda.empty_cache()
+
+
+def w_mempool_random(ctx):
+    """MemPools used at random ($SEED): 60 steps, each creating a pool, allocating in a live pool (default
+    or side stream, small or large), allocating outside, freeing tensors, dropping a pool (some of its
+    tensors may live on) or calling `empty_cache()`. A check of the pool inference on patterns it was not
+    built from."""
+    torch = ctx.torch
+    rng = random.Random(int(os.environ.get("SEED", "1")))
+    side = torch.cuda.Stream()
+    pools, tensors = [], []
+    for step in range(60):
+        ctx.step = step
+        op = rng.random()
+        if op < 0.15 or not pools:
+            pools.append(torch.cuda.MemPool())
+        elif op < 0.45:
+            p = rng.choice(pools)
+            size = rng.choice([rng.randrange(512, 1_000_000), rng.randrange(1, 40) * MiB // 2])
+            if rng.random() < 0.3:
+                with torch.cuda.stream(side):
+                    with torch.cuda.use_mem_pool(p):
+                        t = torch.empty(size, dtype=torch.uint8, device="cuda")
+                    t.fill_(0)
+                side.synchronize()
+            else:
+                with torch.cuda.use_mem_pool(p):
+                    t = torch.empty(size, dtype=torch.uint8, device="cuda")
+            tensors.append(t)
+        elif op < 0.7:
+            tensors.append(torch.empty(rng.choice([rng.randrange(512, 1_000_000), rng.randrange(1, 30) * MiB // 3]),
+                                       dtype=torch.uint8, device="cuda"))
+        elif op < 0.85 and tensors:
+            for _ in range(rng.randrange(1, 4)):
+                if tensors:
+                    tensors.pop(rng.randrange(len(tensors)))
+        elif op < 0.95:
+            if len(pools) > 1:
+                pools.pop(rng.randrange(len(pools)))
+        else:
+            torch.cuda.empty_cache()
+    tensors.clear()
+    torch.cuda.empty_cache()
+    pools.clear()
+    torch.cuda.empty_cache()
+
+
 WORKLOADS = {
     "frag": w_frag,
     "train": w_train,
@@ -586,6 +716,9 @@ WORKLOADS = {
     "mempool_serving": w_mempool_serving,
     "graph_batches": w_graph_batches,
     "compile_infer2": w_compile_infer2,
+    "graph_capture": w_graph_capture,
+    "mempool_serving2": w_mempool_serving2,
+    "mempool_random": w_mempool_random,
 }
 
 
