@@ -488,8 +488,7 @@ const FRAMES_SEEN_BYTES: usize = 16 << 20;
 
 /// Where the machine's bytes come from.
 enum Input {
-    Plain(std::fs::File),
-    /// Chunks from the decompressing thread; used chunks go back to it.
+    /// Chunks from the thread that reads (and gunzips) the file; used chunks go back to it.
     Gzip { rx: mpsc::Receiver<std::io::Result<Vec<u8>>>, back: mpsc::Sender<Vec<u8>>, chunk: Vec<u8>, at: usize },
     Bytes { bytes: std::sync::Arc<[u8]>, at: usize },
 }
@@ -500,13 +499,6 @@ impl Input {
     /// Reads into `out`; 0 at the end.
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
         match self {
-            Input::Plain(f) => loop {
-                match f.read(out) {
-                    Ok(n) => return Ok(n),
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            },
             Input::Gzip { rx, back, chunk, at } => {
                 while *at >= chunk.len() {
                     match rx.recv() {
@@ -539,10 +531,15 @@ impl Input {
 
 /// Starts a thread that gunzips `f` into chunks.
 fn gunzip_thread(f: std::fs::File) -> Input {
+    reader_thread(flate2::read::MultiGzDecoder::new(std::io::BufReader::with_capacity(1 << 18, f)))
+}
+
+/// Starts a thread that reads `z` into chunks (a plain file too: its reads then overlap the
+/// decoding).
+fn reader_thread(mut z: impl Read + Send + 'static) -> Input {
     let (tx, rx) = mpsc::sync_channel::<std::io::Result<Vec<u8>>>(4);
     let (back, recycled) = mpsc::channel::<Vec<u8>>();
     std::thread::spawn(move || {
-        let mut z = flate2::read::MultiGzDecoder::new(std::io::BufReader::with_capacity(1 << 18, f));
         loop {
             let mut c = recycled.try_recv().unwrap_or_default();
             c.clear();
@@ -2004,7 +2001,7 @@ impl PickleFile {
             return Ok(Input::Bytes { bytes: b.clone(), at: 0 });
         }
         let f = std::fs::File::open(&self.path).map_err(|e| TraceError::Io { path: self.path.display().to_string(), source: e })?;
-        Ok(if self.gzip { gunzip_thread(f) } else { Input::Plain(f) })
+        Ok(if self.gzip { gunzip_thread(f) } else { reader_thread(f) })
     }
 
     /// The first pass: the settings, the number of devices, the final segments and every
