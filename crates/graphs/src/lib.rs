@@ -89,3 +89,170 @@ impl std::fmt::Display for GraphsError {
 }
 
 impl std::error::Error for GraphsError {}
+
+use allocsim_model::AllocatorConfig;
+use allocsim_replay::Prepared;
+use allocsim_replay::run::Limits;
+use serde::Serialize;
+
+/// What to predict: the recorded batch sizes (one per capture in the trace, in order), the asked
+/// ones (in the order the job would capture them), the settings and limits, and how many
+/// plausible segment placements to replay under.
+#[derive(Clone, Debug)]
+pub struct Question<'a> {
+    pub captured: &'a [u64],
+    pub batches: &'a [u64],
+    pub config: &'a AllocatorConfig,
+    pub limits: &'a Limits,
+    pub placements: usize,
+}
+
+/// A recorded capture and the trace's own replay after it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RecordedCapture {
+    pub batch: u64,
+    /// Requests of its round (warm-up and capture), and of those the ones in the graph pool.
+    pub requests: u32,
+    pub capture_requests: u32,
+    pub after: Reading,
+}
+
+/// The pattern the rounds repeat, in numbers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Pattern {
+    /// Requests per round, and of those routed to the graph pool.
+    pub requests: u32,
+    pub pool_requests: u32,
+    /// `empty_cache()` calls per round.
+    pub empty_cache_calls: u32,
+    /// Requests whose size does not change with the batch size, grows on a line through every
+    /// recorded point, or only piecewise (their recorded request ordinals in the steady round,
+    /// and the largest distance of a point from the line through the outermost two).
+    pub constant: u32,
+    pub affine: u32,
+    pub piecewise: Vec<(u32, u64)>,
+    /// The first round's extra requests (recorded ordinals) and their bytes, kept at any batch size.
+    pub first_only: Vec<u32>,
+    pub first_only_bytes: u64,
+    /// The recorded round the pattern was read from.
+    pub from_batch: u64,
+}
+
+/// Whether predicting the recorded batch sizes gives the trace's own replay back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SelfCheck {
+    pub rounds: usize,
+    /// Rounds after which reserved, allocated and the graph pool's bytes all agree.
+    pub agree: usize,
+    /// The first that does not: its batch size, the prediction and the trace's own replay.
+    pub first_difference: Option<(u64, Reading, Reading)>,
+}
+
+/// One placement's prediction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlacementPrediction {
+    pub name: String,
+    pub prediction: Prediction,
+}
+
+/// The answer: what was learnt, how well it gives the recording back, and the prediction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GraphsAnswer {
+    pub pool: MempoolId,
+    pub recorded: Vec<RecordedCapture>,
+    pub pattern: Pattern,
+    pub self_check: SelfCheck,
+    /// Under the trace's own segment addresses (by size, where the synthesized run asks for the
+    /// same sizes), then under the other placements asked for.
+    pub prediction: Prediction,
+    pub placements: Vec<PlacementPrediction>,
+    /// Expandable segments: addresses cannot change a decision, one placement is replayed.
+    pub placement_independent: bool,
+    /// Per asked capture: the lowest and highest reserved after it across placements.
+    pub reserved_ranges: Vec<(u64, u64)>,
+    /// The lowest and highest peak reserved across placements.
+    pub peak_range: (u64, u64),
+    /// Asked batch sizes outside the recorded ones' range.
+    pub extrapolated: Vec<u64>,
+    pub recorded_range: (u64, u64),
+}
+
+/// Learns the captures of `p` and predicts `q`.
+pub fn predict(p: &Prepared, q: &Question<'_>) -> Result<GraphsAnswer, GraphsError> {
+    let rec = learn(p, q.captured)?;
+    let own = predict::recorded_readings(p, &rec);
+    let recorded: Vec<RecordedCapture> = rec
+        .rounds
+        .iter()
+        .zip(&own)
+        .map(|(r, a)| RecordedCapture { batch: r.batch, requests: r.requests, capture_requests: r.capture_requests.1 - r.capture_requests.0 + 1, after: *a })
+        .collect();
+    // Self-check: the recorded batch sizes, under the trace's own settings and addresses.
+    let again = rec.synthesize(p, q.captured)?;
+    let mine = replay(p, &rec, &again, q.captured, &p.own, &p.limits(None), p.recorded_placement());
+    let agree = mine.captures.iter().zip(&own).filter(|(m, o)| m.after == **o).count();
+    let first_difference = mine.captures.iter().zip(&own).find(|(m, o)| m.after != **o).map(|(m, o)| (m.batch, m.after, *o));
+    let self_check = SelfCheck { rounds: own.len(), agree, first_difference };
+    let pool_requests = rec.steady.slots.iter().filter(|s| s.key.private).count() as u32;
+    let piecewise: Vec<(u32, u64)> = rec
+        .fits
+        .iter()
+        .enumerate()
+        .filter_map(|(k, f)| match f {
+            fit::SizeFit::Piecewise { deviation, .. } => Some((rec.steady.slots[k].recorded, *deviation)),
+            _ => None,
+        })
+        .collect();
+    let pattern = Pattern {
+        requests: rec.steady.slots.len() as u32,
+        pool_requests,
+        empty_cache_calls: rec.steady.ops.iter().filter(|o| **o == learn::TOp::EmptyCache).count() as u32,
+        constant: rec.fits.iter().filter(|f| matches!(f, fit::SizeFit::Constant { .. })).count() as u32,
+        affine: rec.fits.iter().filter(|f| matches!(f, fit::SizeFit::Affine { .. })).count() as u32,
+        piecewise,
+        first_only: rec.first_only.clone(),
+        first_only_bytes: rec.first_only.iter().map(|&r| p.program.requests[r as usize].size).sum(),
+        from_batch: rec.rounds[rec.steady_from].batch,
+    };
+    let s = rec.synthesize(p, q.batches)?;
+    let placement_independent = q.config.expandable_segments;
+    let mut list = vec![("recorded".to_string(), p.recorded_placement())];
+    if !placement_independent {
+        list.extend(p.placements(q.placements.max(1)).into_iter().skip(1));
+    }
+    let runs: Vec<PlacementPrediction> = std::thread::scope(|sc| {
+        let handles: Vec<_> = list
+            .into_iter()
+            .map(|(name, pl)| {
+                let (rec, s) = (&rec, &s);
+                sc.spawn(move || PlacementPrediction { name, prediction: replay(p, rec, s, q.batches, q.config, q.limits, pl) })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a placement's replay panicked")).collect()
+    });
+    let reserved_ranges = (0..q.batches.len())
+        .map(|k| {
+            let v = runs.iter().map(|r| r.prediction.captures[k].after.reserved);
+            (v.clone().min().unwrap_or(0), v.max().unwrap_or(0))
+        })
+        .collect();
+    let peaks = runs.iter().map(|r| r.prediction.peak_reserved);
+    let peak_range = (peaks.clone().min().unwrap_or(0), peaks.max().unwrap_or(0));
+    let recorded_range = rec.range();
+    let extrapolated = q.batches.iter().copied().filter(|&b| b < recorded_range.0 || b > recorded_range.1).collect();
+    let mut runs = runs.into_iter();
+    let prediction = runs.next().expect("the recorded placement").prediction;
+    Ok(GraphsAnswer {
+        pool: rec.pool,
+        recorded,
+        pattern,
+        self_check,
+        prediction,
+        placements: runs.collect(),
+        placement_independent,
+        reserved_ranges,
+        peak_range,
+        extrapolated,
+        recorded_range,
+    })
+}

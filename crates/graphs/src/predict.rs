@@ -146,21 +146,7 @@ pub fn replay(p: &Prepared, rec: &Recording, s: &Synthesized, batches: &[u64], c
     let mut round_peak = vec![0u64; n];
     let (mut best, mut best_round) = (0u64, None);
     let pool = rec.pool;
-    let reading = |alloc: &allocsim_model::CachingAllocator<SimDevice>| {
-        let (mut pool_reserved, mut pool_segments) = (0, 0);
-        for seg in alloc.segments() {
-            if seg.pool_id == pool {
-                pool_reserved += seg.total_size;
-                pool_segments += 1;
-            }
-        }
-        Reading {
-            reserved: alloc.stats.reserved_bytes.all().current as u64,
-            allocated: alloc.stats.allocated_bytes.all().current as u64,
-            pool_reserved,
-            pool_segments,
-        }
-    };
+    let reading = |alloc: &allocsim_model::CachingAllocator<SimDevice>| reading_of(alloc, pool);
     let outcome = allocsim_replay::replay_observed(
         &s.program,
         &opts,
@@ -211,4 +197,41 @@ pub fn replay(p: &Prepared, rec: &Recording, s: &Synthesized, batches: &[u64], c
         })
         .collect();
     Prediction { before, captures, peak_reserved: outcome.peak_reserved, peak_round: best_round, ooms: outcome.ooms.len() as u32 }
+}
+
+/// The readings after each recorded round in the replay of the trace itself (its own requests,
+/// settings, `empty_cache()` calls and addresses), which `validate` checks against the recording.
+pub fn recorded_readings(p: &Prepared, rec: &Recording) -> Vec<Reading> {
+    let opts = p.options(&p.own, &p.limits(None), p.recorded_placement());
+    let device = SimDevice::new(opts.device_memory, opts.placement.clone());
+    let mut out = vec![Reading::default(); rec.rounds.len()];
+    let pool = rec.pool;
+    allocsim_replay::replay_observed(
+        &p.program,
+        &opts,
+        device,
+        |_, oi| p.empty_cache.get(oi).copied().unwrap_or(false),
+        |alloc, oi| {
+            if let Some(k) = rec.rounds.iter().position(|r| r.ops.1 == oi + 1) {
+                out[k] = reading_of(alloc, pool);
+            }
+        },
+    );
+    out
+}
+
+fn reading_of(alloc: &allocsim_model::CachingAllocator<SimDevice>, pool: allocsim_model::allocator::MempoolId) -> Reading {
+    let (mut pool_reserved, mut pool_segments) = (0, 0);
+    for seg in alloc.segments() {
+        if seg.pool_id == pool {
+            pool_reserved += seg.total_size;
+            pool_segments += 1;
+        }
+    }
+    Reading {
+        reserved: alloc.stats.reserved_bytes.all().current as u64,
+        allocated: alloc.stats.allocated_bytes.all().current as u64,
+        pool_reserved,
+        pool_segments,
+    }
 }
