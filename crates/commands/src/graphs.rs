@@ -194,8 +194,9 @@ impl Answer for GraphsAnswer {
         if !f.extrapolated.is_empty() {
             writeln!(
                 out,
-                "  note: {} lie outside the recorded batch sizes ({}–{}): their sizes come from the fitted lines, which the recording cannot confirm there",
+                "  note: {} {} outside the recorded batch sizes ({}–{}): their sizes come from the fitted lines, which the recording cannot confirm there",
                 list(&f.extrapolated),
+                if f.extrapolated.len() == 1 { "lies" } else { "lie" },
                 f.recorded_range.0,
                 f.recorded_range.1
             )?;

@@ -397,23 +397,37 @@ fn template(p: &Program, empty_cache: &[bool], range: Range<usize>) -> Result<Te
 /// Where round `k` first differs from round `a` (the steady pattern), in words.
 #[allow(clippy::too_many_arguments)]
 fn describe_difference(p: &Prepared, captured: &[u64], a: usize, k: usize, ta: &Template, tb: &Template, oa: &[TOp], ob: &[TOp]) -> String {
-    let head = format!("the capture at batch size {} does not repeat the one at batch size {}", captured[k], captured[a]);
-    if ta.slots.len() != tb.slots.len() && (k + 1 < captured.len() || tb.slots.len() > ta.slots.len()) {
-        return format!("{head}: {} requests in its round against {}; the sizes of one cannot be carried over to the other", tb.slots.len(), ta.slots.len());
+    let mut head = format!("the capture at batch size {} does not repeat the one at batch size {}", captured[k], captured[a]);
+    if ta.slots.len() != tb.slots.len() {
+        head += &format!(" ({} requests in its round against {})", tb.slots.len(), ta.slots.len());
     }
-    let at = oa.iter().zip(ob).position(|(x, y)| x != y).unwrap_or(oa.len().min(ob.len()));
-    let slot = |t: &Template, op: Option<&TOp>| match op {
-        Some(TOp::Malloc(s)) => Some(t.slots[*s as usize]),
-        _ => None,
+    let describe = |t: &Template, op: Option<&TOp>| -> String {
+        match op {
+            None => "the round's end".into(),
+            Some(TOp::Malloc(s)) => {
+                let s = t.slots[*s as usize];
+                let site = p.call_site(s.recorded).map(|c| format!(", {c}")).unwrap_or_default();
+                format!(
+                    "request {} ({} bytes on stream {}{}{site})",
+                    s.recorded,
+                    p.program.requests[s.recorded as usize].size,
+                    s.key.stream,
+                    if s.key.private { ", in the graph pool" } else { "" }
+                )
+            }
+            Some(TOp::Free { r: Ref::Local(l), .. } | TOp::Complete(Ref::Local(l))) => {
+                format!("the free of request {}", t.slots.get(*l as usize).map_or(0, |s| s.recorded))
+            }
+            Some(TOp::Free { r: Ref::Prologue(q), .. } | TOp::Complete(Ref::Prologue(q))) => format!("the free of request {q}"),
+            Some(TOp::EmptyCache) => "an empty_cache() call".into(),
+        }
     };
-    let site = |s: Option<Slot>| {
-        s.map(|s| {
-            let where_ = p.call_site(s.recorded).unwrap_or_else(|| "no stack recorded".into());
-            format!("request {} of {} bytes on stream {} ({where_})", s.recorded, p.program.requests[s.recorded as usize].size, s.key.stream)
-        })
+    // The first op that differs, or makes a request of another stream, pool or stack.
+    let same = |x: &TOp, y: &TOp| match (x, y) {
+        (TOp::Malloc(i), TOp::Malloc(j)) => i == j && ta.slots[*i as usize].key == tb.slots[*j as usize].key,
+        _ => x == y,
     };
-    match (site(slot(ta, oa.get(at))), site(slot(tb, ob.get(at)))) {
-        (Some(x), Some(y)) => format!("{head}: its op {at} is {y}, where the other's is {x}"),
-        _ => format!("{head}: their frees first differ at op {at} of the round"),
-    }
+    let at = oa.iter().zip(ob).position(|(x, y)| !same(x, y)).unwrap_or(oa.len().min(ob.len()));
+    let (x, y) = (describe(ta, oa.get(at)), describe(tb, ob.get(at)));
+    format!("{head}: op {at} of its round is {y}, where the other's is {x}; sizes cannot be carried from one to the other")
 }
