@@ -151,3 +151,25 @@ fn a_capture_that_does_not_repeat_the_others_is_named() {
         &["the capture at batch size 16 does not repeat the one at batch size 128", "143 requests in its round against 144"],
     );
 }
+
+/// A trace recorded without stacks (`_record_memory_history(stacks=None)`… or stripped): the
+/// requests are told apart by stream, pool and by the size the later captures give, and the
+/// prediction is the same.
+#[test]
+fn without_stacks_the_prediction_is_the_same() {
+    let (a, c) = (meta("capture_a__default"), meta("capture_c__default"));
+    let mut snap = allocsim_trace::read_trace(&root(&trace("capture_a__default"))).unwrap();
+    let empty = snap.stacks.iter().position(|s| s.is_empty()).unwrap_or_else(|| {
+        snap.stacks.push(Vec::new());
+        snap.stacks.len() - 1
+    }) as u32;
+    for e in snap.device_traces[0].iter_mut() {
+        e.stack = empty;
+    }
+    let out = common::TempFile::new("graphs-nostacks.jsonl");
+    allocsim_trace::write_trace(&snap, &out.0).unwrap();
+    let v = json(&["graphs", out.arg(), "--captured", &batches(&a), "--batches", &batches(&c), "--json"]);
+    let got: Vec<(u64, u64)> = v["prediction"]["captures"].as_array().unwrap().iter().map(|g| (g["reserved"].as_u64().unwrap(), g["allocated"].as_u64().unwrap())).collect();
+    let want: Vec<(u64, u64)> = c["extra"]["captures"].as_array().unwrap().iter().map(|w| (w["reserved"].as_u64().unwrap(), w["allocated"].as_u64().unwrap())).collect();
+    assert_eq!(got, want);
+}

@@ -173,16 +173,20 @@ pub fn replay(p: &Prepared, rec: &Recording, s: &Synthesized, batches: &[u64], c
         },
     );
     let mut ooms = vec![0u32; n];
-    let req_round = |q: u32| -> Option<usize> {
-        // The round whose ops hold request q's malloc.
-        let oi = s.program.ops.iter().position(|o| *o == Op::Malloc(q))?;
-        (oi >= s.prologue_end).then(|| s.round_ends.partition_point(|&e| e <= oi))
-    };
-    for o in &outcome.ooms {
-        if let Some(k) = req_round(o.request)
-            && k < n
+    // The round of each request's malloc.
+    let mut round_of = vec![None; s.program.requests.len()];
+    for (oi, op) in s.program.ops.iter().enumerate() {
+        if let Op::Malloc(q) = *op
+            && oi >= s.prologue_end
         {
-            ooms[k] += 1;
+            round_of[q as usize] = Some(s.round_ends.partition_point(|&e| e <= oi));
+        }
+    }
+    for o in &outcome.ooms {
+        if let Some(Some(k)) = round_of.get(o.request as usize)
+            && *k < n
+        {
+            ooms[*k] += 1;
         }
     }
     let captures = batches
