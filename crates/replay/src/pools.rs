@@ -382,10 +382,12 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
         (p, o, s)
     };
     let max_trials = MAX_TRIALS.min(MAX_OPS_REPLAYED / (program.ops.len() + 1)).max(1);
+    let base = start.clone();
+    let (start, seed_trials) = seed_from_releases(start, program, trace, &inst, &run, max_trials);
     let search = |lookahead: bool| {
         let mut plan = start.clone();
         let (mut best_p, mut best_o, mut best) = run(&plan);
-        let mut trials = 1;
+        let mut trials = 1 + seed_trials;
         loop {
             let before = (best, plan.labels.clone(), plan.tail_drops.clone());
             // Relabel segments where the reading first fails. Where several relabellings reproduce
@@ -393,9 +395,7 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
             // furthest is kept (the first tried among equals).
             while best.0 != u32::MAX && trials < max_trials {
                 let tied = step(&plan, &best_p, &best_o, best, &inst, &recorded, &run, &mut trials, max_trials);
-                if std::env::var_os("ALLOCSIM_DEBUG_POOLS").is_some() {
-                    eprintln!("pools: score {best:?}, {} equal readings", tied.len());
-                }
+                debug(|| format!("pools: score {best:?}, {} equal readings", tied.len()));
                 let mut chosen: Option<(usize, Score)> = None;
                 if lookahead && tied.len() > 1 {
                     for (k, t) in tied.iter().enumerate().take(LOOKAHEAD_BRANCHES) {
@@ -554,17 +554,18 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
         let (plan_b, p_b, s_b, t_b) = search(false);
         if (s_b.0, s_b.1, s_b.2) > (s_a.0, s_a.1, s_a.2) { (plan_b, p_b, s_b, t_a + t_b) } else { (plan_a, p_a, s_a, t_a + t_b) }
     };
-    if std::env::var_os("ALLOCSIM_DEBUG_POOLS").is_some() {
+    debug(|| {
         let ids = plan.ids(&inst);
+        let mut out = String::new();
         for (i, s) in inst.all.iter().enumerate() {
             let l = match plan.labels[i] {
                 Label::Pool(g) => format!("{:?}", ids[g as usize]),
                 Label::Default => "default".into(),
             };
-            eprintln!("pools: segment {:#x}+{} requests {}..{}: {l}", s.lo, s.hi - s.lo, s.created, s.released);
+            out += &format!("pools: segment {:#x}+{} requests {}..{}: {l}\n", s.lo, s.hi - s.lo, s.created, s.released);
         }
-        eprintln!("pools: actions {:?}", best_p.pool_actions);
-    }
+        out + &format!("pools: actions {:?}", best_p.pool_actions)
+    });
     // Drop groups no label uses (a search step may leave one behind).
     let ids = plan.ids(&inst);
     let used: Vec<u32> = plan.labels.iter().filter_map(|l| if let Label::Pool(g) = *l { Some(g) } else { None }).collect();
@@ -575,13 +576,179 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
         }
     }
     // A reading that reproduces the trace less far than the final segments alone is not kept.
-    let (first_p, first_o) = (start.apply(program, &inst), None::<()>);
-    let _ = first_o;
+    let first_p = base.apply(program, &inst);
     let initial = score(&replay(&first_p, opts, EmptyCacheCalls::Infer(trace)), &first_p, &recorded);
     if (best.0, best.1, best.2) >= (initial.0, initial.1, initial.2) {
         *program = best_p;
     }
     PoolInference { pools, trials, exact: best.0 == u32::MAX }
+}
+
+/// A first reading from the order of each release run (see the module documentation): PyTorch
+/// releases a pool's cached segments in `release_blocks` order, sorted by (stream, size,
+/// address), a private pool's small segments before its large ones (`emptyCache(id)` from a
+/// MemPool's destructor) and the default pools' large before small (`empty_cache()`), so a run
+/// splits into ascending pieces, and the pieces into pools. Each run is tried, in trace order, as
+/// all default, with its trailing pieces default (large then small) and the others private, and
+/// with every piece private (a private pool's small piece joined to the large piece after it); the
+/// reading that reproduces the trace furthest is kept for that run before the next one is tried.
+fn seed_from_releases(
+    mut plan: Plan,
+    program: &Program,
+    trace: &[TraceEntry],
+    inst: &Instances,
+    run: &impl Fn(&Plan) -> (Program, ReplayOutcome, Score),
+    max_trials: usize,
+) -> (Plan, usize) {
+    let mut trials = 0;
+    let mut best: Option<Score> = None;
+    // Runs later in the trace can decide segments made before an earlier run's divergence (a pool
+    // released only at the end), so the runs are tried again until no run changes.
+    for _pass in 0..3 {
+    let before = plan.labels.clone();
+    let mut done: Vec<bool> = vec![false; inst.all.len()];
+    for op in &program.ops {
+        let Op::ReleaseRun { start, end } = *op else { continue };
+        // The run's segments in release order, with their keys.
+        let mut seq: Vec<(u32, (bool, u64, u64, u64))> = Vec::new();
+        for ti in start..end {
+            let Some(&i) = inst.of_release.get(&ti) else { continue };
+            if done[i as usize] || inst.all[i as usize].final_pool.is_some() || seq.iter().any(|x| x.0 == i) {
+                continue;
+            }
+            let e = &trace[ti as usize];
+            seq.push((i, (e.size == allocsim_model::constants::K_SMALL_BUFFER, e.stream, e.size, e.addr)));
+        }
+        if seq.is_empty() {
+            continue;
+        }
+        // Ascending pieces of one size class.
+        let mut pieces: Vec<(bool, Vec<u32>)> = Vec::new();
+        let mut last: Option<(bool, u64, u64, u64)> = None;
+        for &(i, k) in &seq {
+            match (pieces.last_mut(), last) {
+                (Some(p), Some(l)) if l.0 == k.0 && (l.1, l.2, l.3) < (k.1, k.2, k.3) => p.1.push(i),
+                _ => pieces.push((k.0, vec![i])),
+            }
+            last = Some(k);
+        }
+        // How many trailing pieces fit `empty_cache()`'s order: large, then small.
+        let n = pieces.len();
+        let mut tails = vec![0];
+        if pieces[n - 1].0 {
+            tails.push(1);
+            if n >= 2 && !pieces[n - 2].0 {
+                tails.push(2);
+            }
+        } else {
+            tails.push(1);
+        }
+        let mut options: Vec<Vec<Label>> = vec![vec![Label::Default; n]];
+        for &t in &tails {
+            let mut labels = vec![Label::Default; n];
+            let mut g = plan.groups.len() as u32;
+            let mut k = 0;
+            while k < n - t {
+                labels[k] = Label::Pool(g);
+                if pieces[k].0 && k + 1 < n - t && !pieces[k + 1].0 {
+                    labels[k + 1] = Label::Pool(g);
+                    k += 1;
+                }
+                g += 1;
+                k += 1;
+            }
+            if !options.contains(&labels) {
+                options.push(labels);
+            }
+        }
+        let current: Vec<Label> = pieces.iter().map(|p| plan.labels[p.1[0] as usize]).collect();
+        let mut chosen: Option<(Plan, Score)> = None;
+        for labels in options {
+            if trials >= max_trials {
+                break;
+            }
+            let mut t = plan.clone();
+            for (p, &l) in pieces.iter().zip(&labels) {
+                if let Label::Pool(g) = l {
+                    while t.groups.len() <= g as usize {
+                        t.groups.push(None);
+                    }
+                }
+                for &i in &p.1 {
+                    t.labels[i as usize] = l;
+                }
+            }
+            if labels.iter().zip(&current).all(|(a, b)| (*a == Label::Default) == (*b == Label::Default)) && same_grouping(&labels, &current) && best.is_some() {
+                chosen = chosen.or(Some((t, best.unwrap())));
+                continue;
+            }
+            let (_, _, sc) = run(&t);
+            trials += 1;
+            debug(|| format!("seed: run {start}..{end}: {labels:?} scores {sc:?}"));
+            if chosen.as_ref().is_none_or(|c| sc > c.1) {
+                chosen = Some((t, sc));
+            }
+        }
+        if let Some((t, sc)) = chosen {
+            plan = t;
+            best = Some(sc);
+        }
+        for p in &pieces {
+            for &i in &p.1 {
+                done[i as usize] = true;
+            }
+        }
+    }
+    // The same reading up to group numbers: done.
+    let canon = |l: &[Label]| {
+        let mut seen: Vec<u32> = Vec::new();
+        l.iter()
+            .map(|x| match *x {
+                Label::Default => None,
+                Label::Pool(g) => Some(seen.iter().position(|&y| y == g).unwrap_or_else(|| {
+                    seen.push(g);
+                    seen.len() - 1
+                })),
+            })
+            .collect::<Vec<_>>()
+    };
+    if canon(&before) == canon(&plan.labels) || trials >= max_trials {
+        break;
+    }
+    }
+    // Drop groups no segment uses.
+    let used: Vec<bool> = (0..plan.groups.len() as u32).map(|g| plan.labels.contains(&Label::Pool(g))).collect();
+    let mut remap = vec![0u32; plan.groups.len()];
+    let mut groups = Vec::new();
+    for (g, &u) in used.iter().enumerate() {
+        if u {
+            remap[g] = groups.len() as u32;
+            groups.push(plan.groups[g]);
+        }
+    }
+    for l in plan.labels.iter_mut() {
+        if let Label::Pool(g) = *l {
+            *l = Label::Pool(remap[g as usize]);
+        }
+    }
+    plan.groups = groups;
+    (plan, trials)
+}
+
+/// Whether two labellings of the same pieces group them alike (group numbers aside).
+fn same_grouping(a: &[Label], b: &[Label]) -> bool {
+    (0..a.len()).all(|i| (0..a.len()).all(|j| (a[i] == a[j]) == (b[i] == b[j])))
+}
+
+/// Appends a line to the file `ALLOCSIM_DEBUG_POOLS` names, if set: the search's steps, for
+/// working on the inference. (Not stderr: the CLI holds its lock while a command runs.)
+fn debug(line: impl FnOnce() -> String) {
+    if let Some(path) = std::env::var_os("ALLOCSIM_DEBUG_POOLS") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "{}", line());
+        }
+    }
 }
 
 /// Tied readings followed further, and how far.

@@ -195,6 +195,10 @@ impl Inference {
     /// At op `oi` (a release run or a completion), on the allocator before it.
     pub fn decide(&mut self, alloc: &CachingAllocator<SimDevice>, oi: usize, ahead: &impl Ahead) -> bool {
         let release = matches!(ahead.op(0), Some(Op::ReleaseRun { .. }));
+        if release && ahead.release_entries(0).is_empty() {
+            // Its entries were a MemPool destructor's (a pool action): nothing is left to do.
+            return false;
+        }
         let Some(mk) = next_malloc(ahead) else {
             // No malloc follows: a release run is an empty_cache(); a completion is just that.
             return release;
@@ -204,10 +208,6 @@ impl Inference {
             return !release;
         }
         match ahead.op(0) {
-            Some(Op::ReleaseRun { .. }) if ahead.release_entries(0).is_empty() => {
-                // Its entries were a MemPool destructor's (a pool action): nothing is left to do.
-                false
-            }
             Some(Op::ReleaseRun { .. }) => {
                 let recorded: Vec<&TraceEntry> = (0..mk)
                     .filter(|&k| matches!(ahead.op(k), Some(Op::ReleaseRun { .. })))
