@@ -119,6 +119,9 @@ enum Command {
     /// The trace cut into iterations (the optimizer's steps, or `--by NAME`) and annotated
     /// regions, each with its peaks under the replayed config: which step peaks, and where.
     Phases(crate::phases_cmd::PhasesArgs),
+    /// What capturing CUDA graphs for other batch sizes into one shared pool would reserve,
+    /// learnt from a trace that captured a few (`--captured`) and replayed (`--batches`).
+    Graphs(crate::graphs_cmd::GraphsArgs),
     /// Two runs of the same requests side by side: where reserved memory diverges, and why.
     Compare(crate::whatif_cmds::CompareArgs),
     /// Generate a seeded synthetic snapshot (training steps, variable-length batches, KV-cache
@@ -211,6 +214,7 @@ fn execute(command: Command, io: &mut Io<'_>) -> i32 {
         Command::Sweep(a) => crate::whatif_cmds::cmd_sweep(&a, io),
         Command::Fit(a) => crate::whatif_cmds::cmd_fit(&a, io),
         Command::Phases(a) => crate::phases_cmd::cmd_phases(&a, io),
+        Command::Graphs(a) => crate::graphs_cmd::cmd_graphs(&a, io),
         Command::Compare(a) => crate::whatif_cmds::cmd_compare(&a, io),
         Command::Synth(a) => crate::synth_cmd::cmd_synth(&a, io),
     };

@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod explain_cmd;
+pub mod graphs_cmd;
 pub mod output;
 pub mod phases_cmd;
 pub mod ranks_cmd;

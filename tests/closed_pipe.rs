@@ -112,7 +112,7 @@ fn in_process_run_writes_what_the_binary_prints() {
 }
 
 #[test]
-fn phases_fit_and_compare_into_a_closed_pipe() {
+fn phases_fit_compare_and_graphs_into_a_closed_pipe() {
     let llama = "traces/field/llama_train__default.pickle.gz";
     check_quiet(&["phases", llama], 0, 0);
     check_quiet(&["phases", llama, "--json"], 0, 0);
@@ -121,6 +121,9 @@ fn phases_fit_and_compare_into_a_closed_pipe() {
     check_quiet(&["compare", FRAG, "--config", "expandable_segments:True", "--json"], 0, 0);
     // Many files compared as ranks.
     check_quiet(&["compare", "--ranks", FRAG, "traces/frag__expandable__2048M.pickle.gz"], 0, 0);
+    let capture = "traces/field/capture_a__default.pickle.gz";
+    check_quiet(&["graphs", capture, "--captured", "256,128,64,32,16,8,4,2,1"], 0, 0);
+    check_quiet(&["graphs", capture, "--captured", "256,128,64,32,16,8,4,2,1", "--batches", "512,8", "--json"], 0, 0);
 }
 
 /// `report` and `export` write their file and say so on stderr: a closed stderr ends them

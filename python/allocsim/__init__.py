@@ -25,6 +25,7 @@ from ._results import (
     Answer,
     Explanation,
     FitResult,
+    GraphsResult,
     PhasesResult,
     ReplayResult,
     SweepResult,
@@ -45,6 +46,7 @@ __all__ = [
     "Explanation",
     "SweepResult",
     "FitResult",
+    "GraphsResult",
     "PhasesResult",
 ]
 
@@ -295,6 +297,32 @@ class Snapshot:
             _size(trace_capacity, "trace_capacity"),
         )
         return FitResult(*r)
+
+    def graphs(
+        self,
+        captured: Sequence[int],
+        batches: Optional[Sequence[int]] = None,
+        config: Optional[str] = None,
+        capacity: Size = None,
+        *,
+        placements: int = 4,
+        device: Optional[int] = None,
+        device_memory: Size = None,
+        trace_capacity: Size = None,
+    ) -> GraphsResult:
+        """``allocsim graphs``: what capturing CUDA graphs for ``batches`` (in capture order) into
+        one shared pool would reserve, learnt from the trace's captures at ``captured``."""
+        r = self._s.graphs(
+            [int(b) for b in captured],
+            [int(b) for b in (batches or [])],
+            config,
+            _size(capacity, "capacity"),
+            placements,
+            device,
+            _size(device_memory, "device_memory"),
+            _size(trace_capacity, "trace_capacity"),
+        )
+        return GraphsResult(*r)
 
     def phases(
         self,

@@ -131,6 +131,21 @@ class FitResult(Answer):
     __slots__ = ()
 
 
+class GraphsResult(Answer):
+    """``allocsim graphs``."""
+
+    __slots__ = ()
+
+    @property
+    def captures(self) -> List[Dict[str, Any]]:
+        """Per asked batch size: ``reserved``, ``allocated``, ``pool_reserved`` after its capture."""
+        return self._data()["prediction"]["captures"]
+
+    @property
+    def peak_reserved(self) -> int:
+        return self._data()["prediction"]["peak_reserved"]
+
+
 class PhasesResult(Answer):
     """``allocsim phases``."""
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use allocsim_commands::explain::ExplainOptions;
 use allocsim_commands::fit::FitOptions;
+use allocsim_commands::graphs::GraphsOptions;
 use allocsim_commands::phases::PhasesOptions;
 use allocsim_commands::replay::ReplayOptions;
 use allocsim_commands::report::ReportOptions;
@@ -225,6 +226,24 @@ impl Snapshot {
     ) -> PyResult<Rendered> {
         let o = FitOptions { trace: trace_options(device, device_memory, trace_capacity), config, grid, cards, reserve, placements };
         py.detach(|| allocsim_commands::fit::fit(self.trace(), &o).map(|a| render(&a))).map_err(py_err)
+    }
+
+    #[pyo3(signature = (captured, batches = Vec::new(), config = None, capacity = None, placements = 4, device = None, device_memory = None, trace_capacity = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn graphs(
+        &self,
+        py: Python<'_>,
+        captured: Vec<u64>,
+        batches: Vec<u64>,
+        config: Option<String>,
+        capacity: Option<u64>,
+        placements: usize,
+        device: Option<usize>,
+        device_memory: Option<u64>,
+        trace_capacity: Option<u64>,
+    ) -> PyResult<Rendered> {
+        let o = GraphsOptions { trace: trace_options(device, device_memory, trace_capacity), captured, batches, config, capacity, placements };
+        py.detach(|| allocsim_commands::graphs::graphs(self.trace(), &o).map(|a| render(&a))).map_err(py_err)
     }
 
     #[pyo3(signature = (config = None, capacity = None, by = None, top = 3, device = None, device_memory = None, trace_capacity = None))]

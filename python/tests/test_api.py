@@ -175,6 +175,23 @@ def test_fit_answers_for_cards():
     assert [c["fits"] for c in d["cards"]] == [False, True]
 
 
+def test_graphs_predicts_other_batch_sizes_from_one_recorded_capture():
+    # Captured at 256..1 (H200, torch 2.11); the job recorded memory_reserved() after each capture
+    # of a second run at 64, 32, 16, 8.
+    a = "traces/field/capture_a__default.pickle.gz"
+    recorded = meta("field/capture_a__default.pickle.gz")["extra"]["batches"]
+    other = meta("field/capture_c__default.pickle.gz")["extra"]
+    g = allocsim.load(a).graphs(recorded, other["batches"])
+    args = ("graphs", a, "--captured", ",".join(map(str, recorded)), "--batches", ",".join(map(str, other["batches"])))
+    assert str(g) + "\n" == cli(*args).stdout
+    assert g.to_dict() == json.loads(cli(*args, "--json").stdout)
+    assert [(c["batch"], c["reserved"], c["allocated"]) for c in g.captures] == [
+        (c["batch"], c["reserved"], c["allocated"]) for c in other["captures"]
+    ]
+    with pytest.raises(ValueError, match="9 captures"):
+        allocsim.load(a).graphs([256, 128])
+
+
 def test_phases_finds_every_step_peak_the_job_measured():
     name = "field/llama_train__default.pickle.gz"
     ph = allocsim.load(trace(name)).phases()
