@@ -37,7 +37,7 @@ use allocsim_trace::{Action, Snapshot, TraceEntry};
 
 use crate::error::trace_error;
 use crate::replay::{ReplayAnswer, ReplayOptions};
-use crate::{Error, Trace};
+use crate::Error;
 
 /// A trace file read into memory: by [`allocsim_trace::read_trace`] (a torch-shaped pickle by
 /// the stream's machine), or with `whole` by the general decoders alone. Its error names it.
@@ -108,7 +108,11 @@ pub fn replay_file(f: ReplayFile<'_>, options: &ReplayOptions, note: &mut dyn Fn
         None => read_trace(f.path, f.in_memory)?,
     };
     let other = f.addresses_from.map(|p| read_trace(p, f.in_memory)).transpose()?;
-    crate::replay::replay(Trace { name: &name, snapshot: &snap }, other.as_ref(), options)
+    if f.in_memory {
+        // The reference path: the snapshot kept whole.
+        return crate::replay::replay(crate::Trace { name: &name, snapshot: &snap }, other.as_ref(), options);
+    }
+    crate::replay::replay_owned(&name, snap, other.as_ref(), options)
 }
 
 /// Replays a snapshot already read (a pickle's first pass) in one pass over its entries, as they

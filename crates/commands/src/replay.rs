@@ -57,6 +57,19 @@ pub fn replay(t: Trace<'_>, addresses_from: Option<&Snapshot>, o: &ReplayOptions
     Ok(ReplayAnswer::new(t.name, o.clone(), all).with_no_history(t.snapshot.no_history_note()))
 }
 
+/// [`replay`] of a snapshot read for this replay alone ([`crate::file::replay_file`]): every
+/// device's trace is moved into its replay rather than copied. The same answer.
+pub fn replay_owned(name: &str, mut snap: Snapshot, addresses_from: Option<&Snapshot>, o: &ReplayOptions) -> Result<ReplayAnswer, Error> {
+    if o.device.is_some() {
+        // (A device asked for is checked after the settings, as `replay` checks it.)
+        return replay(Trace { name, snapshot: &snap }, addresses_from, o);
+    }
+    let no_history = snap.no_history_note();
+    let spec = o.spec(addresses_from);
+    let all = allocsim_replay::devices::run_devices_owned(&mut snap, &spec)?.into_iter().map(|r| r.into_summary()).collect();
+    Ok(ReplayAnswer::new(name, o.clone(), all).with_no_history(no_history))
+}
+
 /// What `replay` found: one summary per device.
 pub struct ReplayAnswer {
     pub name: String,

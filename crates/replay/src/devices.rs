@@ -32,6 +32,35 @@ pub fn run_devices(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Vec<Replaye
     results.into_iter().collect()
 }
 
+/// [`run_devices`] of a snapshot the caller owns and no longer needs whole: each replayed
+/// device's trace is moved out of `snap` (left empty there) rather than copied
+/// ([`crate::run::run_owned`]). The same answers.
+pub fn run_devices_owned(snap: &mut Snapshot, spec: &ReplaySpec<'_>) -> Result<Vec<Replayed>, RunError> {
+    let mut devices = devices_with_entries(snap);
+    if devices.is_empty() {
+        devices.push(choose_device(snap).device);
+    }
+    // Chosen (each as `run` would: given) on the snapshot whole, then the traces taken out.
+    let mut given = Vec::with_capacity(devices.len());
+    for &d in &devices {
+        let choice = device_for(snap, Some(d))?;
+        let trace = snap.device_traces.get_mut(d).map(std::mem::take).unwrap_or_default();
+        given.push((choice, trace));
+    }
+    let snap: &Snapshot = snap;
+    let results: Vec<Result<Replayed, RunError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = given
+            .into_iter()
+            .map(|(choice, trace)| {
+                let spec = ReplaySpec { device: Some(choice.device), ..spec.clone() };
+                s.spawn(move || crate::run::run_given(snap, &spec, choice, trace))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("device replay panicked")).collect()
+    });
+    results.into_iter().collect()
+}
+
 /// Indices into `replays`, worst first: most OOMs, then highest peak reserved, then device order.
 pub fn worst_first(replays: &[ReplaySummary]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..replays.len()).collect();

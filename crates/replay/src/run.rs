@@ -321,8 +321,21 @@ impl Prepared {
         version: TorchVersion,
     ) -> Result<Prepared, RunError> {
         let choice = crate::devices::device_for(snap, device)?;
+        let trace = snap.device_traces.get(choice.device).cloned().unwrap_or_default();
+        Prepared::new_with(snap, choice, trace, device_memory, trace_capacity, version)
+    }
+
+    /// [`Prepared::new_for`] with the device chosen and its trace given (moved, not copied: `snap`
+    /// need not hold it any more, see [`run_given`]).
+    pub fn new_with(
+        snap: &Snapshot,
+        choice: crate::devices::DeviceChoice,
+        trace: Vec<TraceEntry>,
+        device_memory: Option<u64>,
+        trace_capacity: Option<u64>,
+        version: TorchVersion,
+    ) -> Result<Prepared, RunError> {
         let device = choice.device;
-        let trace = snap.device_traces.get(device).cloned().unwrap_or_default();
         let segments: Vec<_> = snap.segments.iter().filter(|s| s.device == device as i64).cloned().collect();
         crate::check::check_trace(device, &trace, &segments)?;
         let own = recorded_config_for(snap, version)?;
@@ -511,11 +524,25 @@ impl Prepared {
 
 /// Replays one device of `snap` as `spec` asks.
 pub fn run(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Replayed, RunError> {
+    run_with(snap, spec, None)
+}
+
+/// [`run`] with the device chosen (as [`crate::devices::device_for`] chose it on the snapshot
+/// whole) and its trace given, moved out of the snapshot rather than copied
+/// ([`crate::devices::run_devices_owned`]).
+pub fn run_given(snap: &Snapshot, spec: &ReplaySpec<'_>, choice: crate::devices::DeviceChoice, trace: Vec<TraceEntry>) -> Result<Replayed, RunError> {
+    run_with(snap, spec, Some((choice, trace)))
+}
+
+fn run_with(snap: &Snapshot, spec: &ReplaySpec<'_>, given: Option<(crate::devices::DeviceChoice, Vec<TraceEntry>)>) -> Result<Replayed, RunError> {
     let (own, config) = spec.configs(&snap.settings)?;
     let version = spec.torch_version;
     // Where were the empty_cache() calls? Decided under the trace's own settings and addresses.
     let trace_capacity = spec.trace_capacity_for(&own, &config);
-    let prepared = Prepared::new_for(snap, spec.device, spec.device_memory, trace_capacity, version)?;
+    let prepared = match given {
+        Some((choice, trace)) => Prepared::new_with(snap, choice, trace, spec.device_memory, trace_capacity, version)?,
+        None => Prepared::new_for(snap, spec.device, spec.device_memory, trace_capacity, version)?,
+    };
     let placement = match spec.addresses_from {
         Some(other) => recorded_placement_from(
             other.device_traces.get(prepared.device).map_or(&[], |v| v.as_slice()),

@@ -541,8 +541,8 @@ fn reader_thread(mut z: impl Read + Send + 'static) -> Input {
     let (back, recycled) = mpsc::channel::<Vec<u8>>();
     std::thread::spawn(move || {
         loop {
+            // A chunk that comes back full is overwritten as it is (not zeroed again).
             let mut c = recycled.try_recv().unwrap_or_default();
-            c.clear();
             c.resize(CHUNK, 0);
             let mut n = 0;
             while n < CHUNK {
