@@ -654,6 +654,51 @@ def w_mempool_serving2(ctx):
     torch.cuda.empty_cache()
 
 
+def w_mempool_random(ctx):
+    """MemPools used at random ($SEED): 60 steps, each creating a pool, allocating in a live pool (default
+    or side stream, small or large), allocating outside, freeing tensors, dropping a pool (some of its
+    tensors may live on) or calling `empty_cache()`. A check of the pool inference on patterns it was not
+    built from."""
+    torch = ctx.torch
+    rng = random.Random(int(os.environ.get("SEED", "1")))
+    side = torch.cuda.Stream()
+    pools, tensors = [], []
+    for step in range(60):
+        ctx.step = step
+        op = rng.random()
+        if op < 0.15 or not pools:
+            pools.append(torch.cuda.MemPool())
+        elif op < 0.45:
+            p = rng.choice(pools)
+            size = rng.choice([rng.randrange(512, 1_000_000), rng.randrange(1, 40) * MiB // 2])
+            if rng.random() < 0.3:
+                with torch.cuda.stream(side):
+                    with torch.cuda.use_mem_pool(p):
+                        t = torch.empty(size, dtype=torch.uint8, device="cuda")
+                    t.fill_(0)
+                side.synchronize()
+            else:
+                with torch.cuda.use_mem_pool(p):
+                    t = torch.empty(size, dtype=torch.uint8, device="cuda")
+            tensors.append(t)
+        elif op < 0.7:
+            tensors.append(torch.empty(rng.choice([rng.randrange(512, 1_000_000), rng.randrange(1, 30) * MiB // 3]),
+                                       dtype=torch.uint8, device="cuda"))
+        elif op < 0.85 and tensors:
+            for _ in range(rng.randrange(1, 4)):
+                if tensors:
+                    tensors.pop(rng.randrange(len(tensors)))
+        elif op < 0.95:
+            if len(pools) > 1:
+                pools.pop(rng.randrange(len(pools)))
+        else:
+            torch.cuda.empty_cache()
+    tensors.clear()
+    torch.cuda.empty_cache()
+    pools.clear()
+    torch.cuda.empty_cache()
+
+
 WORKLOADS = {
     "frag": w_frag,
     "train": w_train,
@@ -673,6 +718,7 @@ WORKLOADS = {
     "compile_infer2": w_compile_infer2,
     "graph_capture": w_graph_capture,
     "mempool_serving2": w_mempool_serving2,
+    "mempool_random": w_mempool_random,
 }
 
 

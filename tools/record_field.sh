@@ -5,7 +5,7 @@
 #
 # GROUP picks the runs (one or more, space-separated): `oom` (device full, neighbour moving, fraction caps, C++ stacks, Llama), `pools`
 # (MemPool, shared graph pools), `compile` (torch.compile reduce-overhead),
-# `capture` (graph capture by batch size: input and checks for graph capture cost predictions), `heldout2` (a second
+# `capture` (graph capture by batch size: input and checks for graph capture cost predictions), `random` (MemPools used at random, four seeds), `heldout2` (a second
 # MemPool serving pattern), `heldout` (pool and compile variants kept apart to check the pool model on runs it was not built from), `stacks`
 # (C++ frames, the default stacks="all"). Each run is a fresh process with a
 # time limit; results land in $OUT as res.tar.part-* (15 MB pieces: cat them and untar) and log.txt.
@@ -76,6 +76,12 @@ capture)
   BATCHES=64,32,16,8 run capture_c__default graph_capture
   BATCHES=256,128,64,32,16,8,4,2,1 run capture_a__expandable graph_capture --conf $ES
   BATCHES=512,384,256,192,128,96,64,48,32,24,16,8,4,2,1 run capture_b__expandable graph_capture --conf $ES
+  ;;
+random)
+  for seed in 1 2 3 4; do
+    SEED=$seed run mempool_random${seed}__default mempool_random
+    SEED=$seed run mempool_random${seed}__expandable mempool_random --conf $ES
+  done
   ;;
 heldout2)
   run mempool_serving2__default mempool_serving2

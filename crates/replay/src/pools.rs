@@ -17,6 +17,13 @@
 //!   in another pool: a new one, one of the latest private pools, or the default pools. The
 //!   reading that reproduces the trace furthest is kept, and the search goes on from its first
 //!   divergence. Where two readings fit equally far, the one that changes less is kept.
+//! * **Release order.** A second search starts from the reading the release runs' order suggests
+//!   (`seed_from_releases`): `release_blocks` frees a pool's segments sorted by (stream, size,
+//!   address), a MemPool destructor's `emptyCache(id)` small before large, `empty_cache()` the
+//!   default pools large before small; so each run splits into ascending pieces, read as pools
+//!   and a default tail, run by run, repeated until no run changes (a pool released only at the
+//!   end decides requests made long before). Of the two searches, the one that reproduces the
+//!   trace further is kept; where both reproduce it as far, the one with fewer private pools.
 //! * **Ids.** A pool with a segment alive at the end has that id; the others get MemPool ids
 //!   `(0, n)` in the order of their first segment, counting on from the known ones (MemPools are
 //!   numbered as they are made, from 1), which decides the order in which `release_cached_blocks`
@@ -382,9 +389,7 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
         (p, o, s)
     };
     let max_trials = MAX_TRIALS.min(MAX_OPS_REPLAYED / (program.ops.len() + 1)).max(1);
-    let base = start.clone();
-    let (start, seed_trials) = seed_from_releases(start, program, trace, &inst, &run, max_trials);
-    let search = |lookahead: bool| {
+    let search = |lookahead: bool, start: &Plan, seed_trials: usize| {
         let mut plan = start.clone();
         let (mut best_p, mut best_o, mut best) = run(&plan);
         let mut trials = 1 + seed_trials;
@@ -547,12 +552,27 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
     };
     // With and without following equal readings further: the one that reproduces the trace
     // further, else the one found by looking ahead (its pools are the more plausible).
-    let (plan_a, p_a, s_a, t_a) = search(true);
+    let (plan_a, p_a, s_a, t_a) = search(true, &start, 0);
     let (plan, best_p, best, trials) = if s_a.0 == u32::MAX {
         (plan_a, p_a, s_a, t_a)
     } else {
-        let (plan_b, p_b, s_b, t_b) = search(false);
+        let (plan_b, p_b, s_b, t_b) = search(false, &start, 0);
         if (s_b.0, s_b.1, s_b.2) > (s_a.0, s_a.1, s_a.2) { (plan_b, p_b, s_b, t_a + t_b) } else { (plan_a, p_a, s_a, t_a + t_b) }
+    };
+    // Not reproduced: search again from the reading the release runs' order suggests, kept if
+    // it reproduces the trace further (a pool released only late in the trace decides requests
+    // made long before, beyond the reach of the search's steps).
+    // Among readings that reproduce the trace as far, the one with fewer private pools.
+    let pools_used = |p: &Plan| (0..p.groups.len() as u32).filter(|&g| p.labels.contains(&Label::Pool(g))).count();
+    let (plan, best_p, best, trials) = if !worth_seeding(program) {
+        (plan, best_p, best, trials)
+    } else {
+        let (seeded, seed_trials) = seed_from_releases(start.clone(), program, trace, &inst, &run, max_trials);
+        let (plan_c, p_c, s_c, t_c) = search(true, &seeded, seed_trials);
+        let better = (s_c.0, s_c.1, s_c.2) > (best.0, best.1, best.2)
+            || ((s_c.0, s_c.1, s_c.2) == (best.0, best.1, best.2) && pools_used(&plan_c) < pools_used(&plan));
+        debug(|| format!("seeded search: {s_c:?} with {} pools; unseeded {best:?} with {}", pools_used(&plan_c), pools_used(&plan)));
+        if better { (plan_c, p_c, s_c, trials + t_c) } else { (plan, best_p, best, trials + t_c) }
     };
     debug(|| {
         let ids = plan.ids(&inst);
@@ -576,7 +596,7 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
         }
     }
     // A reading that reproduces the trace less far than the final segments alone is not kept.
-    let first_p = base.apply(program, &inst);
+    let first_p = start.apply(program, &inst);
     let initial = score(&replay(&first_p, opts, EmptyCacheCalls::Infer(trace)), &first_p, &recorded);
     if (best.0, best.1, best.2) >= (initial.0, initial.1, initial.2) {
         *program = best_p;
@@ -733,6 +753,12 @@ fn seed_from_releases(
     }
     plan.groups = groups;
     (plan, trials)
+}
+
+/// Whether the reading from the release runs' order is worth a search of its own: the trace
+/// releases segments (else there is nothing to read it from).
+fn worth_seeding(program: &Program) -> bool {
+    program.ops.iter().any(|o| matches!(o, Op::ReleaseRun { start, end } if end > start))
 }
 
 /// Whether two labellings of the same pieces group them alike (group numbers aside).
