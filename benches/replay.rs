@@ -1,6 +1,9 @@
 //! Speed figures (criterion): decoding, replaying, sweeping. The largest reference trace is used
 //! when `../shared/traces` is present (synthetic: 450 k entries, 150 k requests), else the largest
 //! in `traces/`. Run with `cargo bench --bench replay`; figures are recorded in docs/performance.md.
+//! `ALLOCSIM_BENCH_PICKLE=FILE` adds the `real_pickle` group: a snapshot of your own (a real one,
+//! with C++ frames, is the case it is for) read compactly, read by the general decoders, and
+//! replayed from its path as `allocsim replay` does.
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -140,5 +143,34 @@ fn benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(all, benches);
+/// `ALLOCSIM_BENCH_PICKLE`: a snapshot file (plain or gzip'd) read the ways `allocsim replay`
+/// reads one. Without it, says so and measures nothing.
+fn real_pickle(c: &mut Criterion) {
+    let Some(path) = std::env::var_os("ALLOCSIM_BENCH_PICKLE").map(PathBuf::from) else {
+        eprintln!("real_pickle: ALLOCSIM_BENCH_PICKLE is not set (a snapshot file to measure): skipped");
+        return;
+    };
+    let Ok(Some(file)) = allocsim_trace::pickle_stream::PickleFile::open(&path) else {
+        eprintln!("real_pickle: {} is missing or not a pickle: skipped", path.display());
+        return;
+    };
+    let mut g = c.benchmark_group("real_pickle");
+    g.throughput(Throughput::Bytes(file.len()));
+    g.sample_size(10);
+    // One pass of the stream's machine into a `Snapshot` (what `replay` does with a trace that
+    // starts mid-history), and the general decoders (`replay --in-memory`).
+    g.bench_function("compact", |b| b.iter(|| black_box(file.compact().unwrap().device_traces.len())));
+    g.bench_function("read_trace_whole", |b| b.iter(|| black_box(allocsim_trace::read_trace_whole(&path).unwrap().device_traces.len())));
+    // `allocsim replay FILE` less the printing.
+    g.bench_function("replay_file", |b| {
+        b.iter(|| {
+            let f = allocsim_commands::file::ReplayFile::new(&path);
+            let a = allocsim_commands::file::replay_file(f, &Default::default(), &mut |_| {}).unwrap();
+            black_box(a.all.len())
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(all, benches, real_pickle);
 criterion_main!(all);

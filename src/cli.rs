@@ -1,18 +1,15 @@
-//! Command-line interface: argument parsing, reading the trace files, dispatch, and the
-//! `replay` (its streamed replay of JSON Lines files), `validate` and `convert` commands. The
-//! answers themselves (text and JSON) come from `allocsim_commands`.
+//! Command-line interface: argument parsing, dispatch, and the `replay`, `validate` and
+//! `convert` commands. The answers themselves (text and JSON), and how `replay` reads a file
+//! (streamed or in memory), come from `allocsim_commands`.
 
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use allocsim_commands::replay::{ReplayAnswer, ReplayOptions};
+use allocsim_commands::file::ReplayFile;
+use allocsim_commands::replay::ReplayOptions;
 use allocsim_commands::{Answer, Trace};
-use allocsim_replay::ReplaySummary;
-use allocsim_replay::stream::{StreamError, StreamInput, Streamed, replay_stream};
 use allocsim_trace::Snapshot;
-use allocsim_trace::jsonl_stream::JsonlFile;
-use allocsim_trace::pickle_stream::PickleFile;
 use clap::{Parser, Subcommand};
 
 pub use allocsim_commands::write_json;
@@ -63,10 +60,13 @@ struct ReplayArgs {
     /// `allocsim_replay::version` for what changes.
     #[arg(long, value_parser = allocsim_replay::TorchVersion::parse, default_value = "2.11")]
     torch_version: allocsim_replay::TorchVersion,
-    /// Read the whole trace before replaying it. By default a JSON Lines trace (.jsonl,
-    /// .jsonl.gz) or a snapshot pickle (.pickle, .pickle.gz) is replayed as a stream in memory
-    /// bounded by the live set, with the same result, unless it starts mid-history or
-    /// `--placements`/`--addresses-from` is given.
+    /// Read the whole trace with the general decoders (every value of a pickle built) before
+    /// replaying it: the reference the default paths are tested against, slower and larger. By
+    /// default a JSON Lines trace (.jsonl, .jsonl.gz) or a snapshot pickle (.pickle, .pickle.gz)
+    /// is replayed as a stream in memory bounded by the live set, with the same result; one that
+    /// starts mid-history, or with `--placements`/`--addresses-from`, is read into memory
+    /// compactly (a pickle of torch's shape in one pass, without building its values) and
+    /// replayed there.
     #[arg(long)]
     in_memory: bool,
 }
@@ -254,12 +254,7 @@ pub(crate) fn say_device(io: &mut Io<'_>, snap: &Snapshot, device: Option<usize>
 }
 
 pub(crate) fn load(path: &Path) -> Result<Snapshot, UserError> {
-    allocsim_trace::read_trace(path).map_err(|e| trace_error(path, e))
-}
-
-/// A trace that cannot be read, as the user sees it.
-fn trace_error(path: &Path, e: allocsim_trace::TraceError) -> UserError {
-    UserError(allocsim_commands::error::trace_error(&path.display().to_string(), e).to_string())
+    Ok(allocsim_commands::file::read_trace(path, false)?)
 }
 
 impl ReplayArgs {
@@ -277,96 +272,15 @@ impl ReplayArgs {
     }
 }
 
-/// `--device N`: that device; else every device with entries (in device order). A JSON Lines
-/// trace or a snapshot pickle is replayed as a stream, in memory bounded by the live set, where
-/// that gives the same answer (see `allocsim_replay::stream`); else the trace is read whole.
-fn run_replays(args: &ReplayArgs, err: &mut dyn Write) -> Result<ReplayAnswer, UserError> {
-    let name = args.trace.display().to_string();
-    if !args.in_memory && args.addresses_from.is_none() && args.placements.is_none() {
-        if let Some(file) = JsonlFile::open(&args.trace).map_err(|e| trace_error(&args.trace, e))? {
-            if let Some(v) = run_streamed(&file, args, err)? {
-                return Ok(ReplayAnswer::new(&name, args.options(), v));
-            }
-        } else if let Some(file) = PickleFile::open(&args.trace).map_err(|e| trace_error(&args.trace, e))?
-            && let Some(v) = run_streamed_pickle(&file, args, err)?
-        {
-            return Ok(ReplayAnswer::new(&name, args.options(), v));
-        }
-    }
-    let snap = load(&args.trace)?;
-    let other = args.addresses_from.as_deref().map(load).transpose()?;
-    Ok(allocsim_commands::replay::replay(Trace { name: &name, snapshot: &snap }, other.as_ref(), &args.options())?)
-}
-
-/// Above this size a JSON Lines trace replayed in memory after all takes GiBs: say so.
-const NOTE_FALLBACK_ABOVE: u64 = 1 << 30;
-
-/// Replays a JSON Lines trace in one pass over its events (after a first pass for its final
-/// segments); `None` when only the in-memory replay gives the answer.
-fn run_streamed(file: &JsonlFile, args: &ReplayArgs, err: &mut dyn Write) -> Result<Option<Vec<ReplaySummary>>, UserError> {
-    let path = file.path();
-    let scan = file.scan().map_err(|e| trace_error(path, e))?;
-    let input = StreamInput {
-        settings: &scan.header.settings,
-        devices: scan.header.devices,
-        segments: &scan.segments,
-        segment_entries: &scan.segment_entries,
-    };
-    match replay_stream(&input, &args.options().spec(None), || file.events()) {
-        Ok(Streamed::Done(v)) => Ok(Some(v)),
-        Ok(Streamed::Fallback(why)) => {
-            if file.len() > NOTE_FALLBACK_ABOVE {
-                writeln!(err, "allocsim: note: {}: replaying in memory ({why})", path.display())?;
-            }
-            Ok(None)
-        }
-        Err(StreamError::Read(e)) => Err(trace_error(path, e)),
-        Err(StreamError::Run(e)) => Err(allocsim_commands::Error::from(e).into()),
-    }
-}
-
-/// Replays a snapshot pickle in one pass over its entries (after a first pass for its segments,
-/// segment events and settings); `None` when only the in-memory replay gives the answer: a shape
-/// the stream does not read, an invalid file (whose error the whole-file decoder reports), or a
-/// question one pass cannot answer.
-fn run_streamed_pickle(file: &PickleFile, args: &ReplayArgs, err: &mut dyn Write) -> Result<Option<Vec<ReplaySummary>>, UserError> {
-    let path = file.path();
-    let note = |err: &mut dyn Write, why: &str| -> Result<(), UserError> {
-        if file.len() > NOTE_FALLBACK_ABOVE {
-            writeln!(err, "allocsim: note: {}: replaying in memory ({why})", path.display())?;
-        }
-        Ok(())
-    };
-    let scan = match file.scan() {
-        Ok(s) => s,
-        Err(e) => {
-            note(err, &e.to_string())?;
-            return Ok(None);
-        }
-    };
-    let input = StreamInput {
-        settings: &scan.settings,
-        devices: Some(scan.devices),
-        segments: &scan.segments,
-        segment_entries: &scan.segment_entries,
-    };
-    match replay_stream(&input, &args.options().spec(None), || file.events()) {
-        Ok(Streamed::Done(v)) => Ok(Some(v)),
-        Ok(Streamed::Fallback(why)) => {
-            note(err, &why)?;
-            Ok(None)
-        }
-        // Whatever the stream could not read, the whole-file decoder reads or names.
-        Err(StreamError::Read(e)) => {
-            note(err, &e.to_string())?;
-            Ok(None)
-        }
-        Err(StreamError::Run(e)) => Err(allocsim_commands::Error::from(e).into()),
-    }
-}
-
+/// `--device N`: that device; else every device with entries (in device order), streamed where
+/// one pass gives the answer (see `allocsim_commands::file`).
 fn cmd_replay(args: &ReplayArgs, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
-    let answer = run_replays(args, io.err)?;
+    let f = ReplayFile { addresses_from: args.addresses_from.as_deref(), in_memory: args.in_memory, ..ReplayFile::new(&args.trace) };
+    let err = &mut *io.err;
+    let mut note = |n: &str| {
+        let _ = writeln!(err, "allocsim: note: {n}");
+    };
+    let answer = allocsim_commands::file::replay_file(f, &args.options(), &mut note)?;
     write_answer(&answer, as_json, io)
 }
 

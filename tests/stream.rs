@@ -9,19 +9,24 @@
 //! * `allocsim replay` prints the same JSON and text either way (`--in-memory` forces the other
 //!   path), errors included.
 //! * Where one pass cannot answer (a trace that starts mid-history, final segments the trace did
-//!   not allocate, `--placements`), the stream says so and the CLI replays in memory.
+//!   not allocate, `--placements`), the stream says so and the CLI replays in memory, a pickle
+//!   read compactly (`PickleFile::compact`): the same text and JSON as read by the general
+//!   decoders (`--in-memory`), on every recorded trace, cut mid-history too.
 
 mod common;
 use common::*;
 
 use std::path::{Path, PathBuf};
 
+use allocsim_commands::Answer;
+use allocsim_commands::file::{COMPACT_FIRST_ENTRIES, ReplayFile, replay_file};
+use allocsim_commands::replay::ReplayOptions;
 use allocsim_replay::devices::run_devices;
 use allocsim_replay::stream::{StreamInput, Streamed, replay_stream};
 use allocsim_replay::{ReplaySpec, ReplaySummary, Request};
 use allocsim_trace::jsonl_stream::JsonlFile;
 use allocsim_trace::pickle_stream::PickleFile;
-use allocsim_trace::{Action, Snapshot, SnapshotSegment, TraceEntry, read_trace, write_trace};
+use allocsim_trace::{Action, Snapshot, SnapshotSegment, TraceEntry, read_trace, read_trace_whole, write_trace};
 
 
 fn jsonl_of(snap: &Snapshot, name: &str) -> TempFile {
@@ -550,4 +555,68 @@ fn a_dropped_mempool_is_left_to_the_in_memory_pool_search() {
         [("segment_alloc", base), ("segment_alloc", base + 2 * MB), ("segment_free", base), ("segment_free", base + 2 * MB), ("segment_alloc", base + 64 * MB)],
         "the in-memory replay reads the two segments as a dropped MemPool"
     );
+}
+
+/// What one pass cannot answer is read compactly (`PickleFile::compact`: one pass of the stream's
+/// machine) and replayed in memory. Every recorded trace (real snapshots, C++ frames and history
+/// turned on late among them) reads to the very snapshot the general decoders build; cut
+/// mid-history (its first third dropped, as the ring buffer would) and written as a pickle, the
+/// stream falls back and `allocsim replay` prints what it prints when the trace is read by the
+/// general decoders (`--in-memory`), text and JSON, with `--placements` and `--addresses-from`;
+/// and the same whether a file's first pass keeps its entries or only scans it.
+#[test]
+fn what_one_pass_cannot_answer_is_read_compactly_to_the_same_answer() {
+    let mut traces = all_traces();
+    traces.extend(field_traces());
+    assert!(traces.len() >= 20, "the repository's traces are missing");
+    let fell_back = std::sync::atomic::AtomicUsize::new(0);
+    let same = |args: &[&str], what: &str| {
+        let a = run(args);
+        let mut whole = args.to_vec();
+        whole.push("--in-memory");
+        let b = run(&whole);
+        assert_eq!((a.status.code(), &a.stdout, &a.stderr), (b.status.code(), &b.stdout, &b.stderr), "{what}:\n{}\n{}", show(args, &a), show(&whole, &b));
+    };
+    let check = |path: &PathBuf| {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let p = path.to_str().unwrap();
+        let whole = read_trace_whole(path).unwrap();
+        assert!(read_trace(path).unwrap() == whole, "{name}: the compact read differs from the general decoders'");
+        same(&["replay", p, "--json", "--placements", "2"], &format!("{name} --placements"));
+        let mut cut = whole.clone();
+        for t in &mut cut.device_traces {
+            t.drain(..t.len() / 3);
+        }
+        let f = TempFile::new(&format!("{name}-cut.pickle.gz"));
+        write_trace(&cut, &f.0).unwrap();
+        let file = PickleFile::open(&f.0).unwrap().expect("a pickle");
+        if matches!(streamed_pickle(&file, &ReplaySpec::default()), Streamed::Fallback(_)) {
+            fell_back.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        for extra in [&[][..], &["--json", "--config", "expandable_segments:True"][..]] {
+            let mut args = vec!["replay", f.arg()];
+            args.extend_from_slice(extra);
+            same(&args, &format!("{name} cut {extra:?}"));
+        }
+        // The cut run's segments placed where the whole run put them.
+        same(&["replay", f.arg(), "--json", "--addresses-from", p], &format!("{name} cut --addresses-from"));
+        // A file's first pass keeps its entries (the default, for files this small) or scans
+        // it: the same answer.
+        for file in [path.as_path(), f.0.as_path()] {
+            let answer = |compact_first: u64| {
+                let rf = ReplayFile { compact_first, ..ReplayFile::new(file) };
+                let a = replay_file(rf, &ReplayOptions::default(), &mut |n| panic!("{name}: note {n}")).unwrap();
+                (a.text(), a.json())
+            };
+            assert_eq!(answer(COMPACT_FIRST_ENTRIES), answer(0), "{name}: read once or scanned first ({})", file.display());
+        }
+    };
+    let (even, odd): (Vec<_>, Vec<_>) = traces.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    std::thread::scope(|s| {
+        let h = s.spawn(|| even.iter().for_each(|(_, p)| check(p)));
+        odd.iter().for_each(|(_, p)| check(p));
+        h.join().unwrap();
+    });
+    let n = fell_back.into_inner();
+    assert!(n * 2 >= traces.len(), "only {n} of {} cut traces fell back to the in-memory replay", traces.len());
 }

@@ -34,6 +34,7 @@ from ._results import (
 
 __all__ = [
     "load",
+    "replay",
     "Snapshot",
     "Error",
     "TraceError",
@@ -89,6 +90,37 @@ def load(source: Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Di
     if isinstance(source, (str, os.PathLike)):
         return Snapshot(_allocsim.Snapshot.from_path(os.fspath(source), name))
     raise TypeError(f"load: expected a path, bytes or the dict torch.cuda.memory._snapshot() returns, got {type(source).__name__}")
+
+
+def replay(
+    path: Union[str, "os.PathLike[str]"],
+    config: Optional[str] = None,
+    capacity: Size = None,
+    *,
+    device_memory: Size = None,
+    trace_capacity: Size = None,
+    placements: Optional[int] = None,
+    device: Optional[int] = None,
+    torch_version: Optional[str] = None,
+    addresses_from: Union[str, "os.PathLike[str]", None] = None,
+) -> ReplayResult:
+    """``allocsim replay PATH``: a snapshot file replayed as the command line replays it, without
+    keeping it: streamed in memory bounded by the live set where one pass gives the answer, else
+    read compactly (one pass, tens of bytes a trace entry) and replayed in memory. The same answer
+    as ``load(path).replay(...)``; for a multi-GB file that does not need the snapshot again.
+    ``addresses_from`` is the path of another run of the same requests."""
+    r = _allocsim.replay_file(
+        os.fspath(path),
+        config,
+        _size(capacity, "capacity"),
+        _size(device_memory, "device_memory"),
+        _size(trace_capacity, "trace_capacity"),
+        placements,
+        device,
+        torch_version,
+        os.fspath(addresses_from) if addresses_from is not None else None,
+    )
+    return ReplayResult(*r)
 
 
 def _grid(grid: Union[str, Dict[str, Iterable[Any]], None]) -> Optional[str]:

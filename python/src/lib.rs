@@ -64,7 +64,8 @@ fn trace_options(device: Option<usize>, device_memory: Option<u64>, trace_capaci
 
 #[pymethods]
 impl Snapshot {
-    /// Reads a snapshot pickle (`.pickle`, `.pickle.gz`) or an allocsim JSON Lines trace.
+    /// Reads a snapshot pickle (`.pickle`, `.pickle.gz`; one of the shape torch writes in one pass,
+    /// without building its values) or an allocsim JSON Lines trace.
     #[staticmethod]
     #[pyo3(signature = (path, name = None))]
     fn from_path(py: Python<'_>, path: PathBuf, name: Option<String>) -> PyResult<Snapshot> {
@@ -289,6 +290,36 @@ impl Snapshot {
     }
 }
 
+/// `allocsim replay PATH`: a snapshot file replayed without keeping it, as the command line does
+/// (streamed in memory bounded by the live set where one pass answers, else read compactly and
+/// replayed in memory; `allocsim_commands::file`).
+#[pyfunction]
+#[pyo3(signature = (path, config = None, capacity = None, device_memory = None, trace_capacity = None, placements = None, device = None, torch_version = None, addresses_from = None))]
+#[allow(clippy::too_many_arguments)]
+fn replay_file(
+    py: Python<'_>,
+    path: PathBuf,
+    config: Option<String>,
+    capacity: Option<u64>,
+    device_memory: Option<u64>,
+    trace_capacity: Option<u64>,
+    placements: Option<usize>,
+    device: Option<usize>,
+    torch_version: Option<String>,
+    addresses_from: Option<PathBuf>,
+) -> PyResult<Rendered> {
+    let torch_version = match torch_version {
+        Some(v) => TorchVersion::parse(&v).map_err(PyValueError::new_err)?,
+        None => TorchVersion::DEFAULT,
+    };
+    let o = ReplayOptions { config, capacity, device_memory, trace_capacity, placements, device, torch_version };
+    py.detach(|| {
+        let f = allocsim_commands::file::ReplayFile { addresses_from: addresses_from.as_deref(), ..allocsim_commands::file::ReplayFile::new(&path) };
+        allocsim_commands::file::replay_file(f, &o, &mut |_| {}).map(|a| render(&a))
+    })
+    .map_err(py_err)
+}
+
 /// Bytes from `1073741824`, `24GiB`, `1.5 GiB`, `80GB` (what the command line accepts).
 #[pyfunction]
 fn parse_size(s: &str) -> PyResult<u64> {
@@ -306,6 +337,7 @@ fn cli(py: Python<'_>, argv: Vec<String>) -> i32 {
 fn _allocsim(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Snapshot>()?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(replay_file, m)?)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add("Error", m.py().get_type::<Error>())?;
     m.add("TraceError", m.py().get_type::<TraceError>())?;

@@ -82,6 +82,25 @@ def test_replay_reproduces_the_recorded_peaks():
     assert r.to_dict() == json.loads(cli("replay", FRAG_REL, "--json").stdout)
 
 
+def test_replay_of_a_path_is_the_command_lines():
+    # Streamed (the frag trace), and read compactly and replayed in memory (--placements; and
+    # a snapshot whose final segments the trace did not allocate, which starts mid-history).
+    for args in [(), ("--placements", "2"), ("--config", "expandable_segments:True", "--capacity", str(2 << 30))]:
+        kw = {}
+        if args and args[0] == "--placements":
+            kw["placements"] = 2
+        elif args:
+            kw = {"config": "expandable_segments:True", "capacity": 2 << 30}
+        r = allocsim.replay(FRAG_REL, **kw)
+        assert r.to_dict() == json.loads(cli("replay", FRAG_REL, *args, "--json").stdout)
+        assert r.to_dict() == allocsim.load(FRAG_REL).replay(**kw).to_dict()
+    for name in EXACT:
+        rel = os.path.join("traces", name)
+        assert allocsim.replay(rel).to_json() == allocsim.load(rel).replay().to_json(), name
+    with pytest.raises(allocsim.TraceError):
+        allocsim.replay(os.path.join("traces", "no-such-file.pickle"))
+
+
 def test_replay_under_another_config_and_capacity():
     s = allocsim.load(FRAG_REL)
     r = s.replay(config="expandable_segments:True", capacity=2 << 30)

@@ -4,6 +4,7 @@
 //! command line prints ([`Answer::write_text`]) and as the object its `--json` prints
 //! ([`Answer::to_json`]). The command line (`src/`) parses arguments and reads files into these;
 //! the Python package (`python/`) calls the same functions, so both print the same answers.
+//! [`file`] reads trace files and decides how `replay` reads one (streamed, or in memory).
 
 use std::io::{self, Write};
 
@@ -12,6 +13,7 @@ use serde_json::Value;
 
 pub mod error;
 pub mod explain;
+pub mod file;
 pub mod fit;
 pub mod graphs;
 pub mod input;

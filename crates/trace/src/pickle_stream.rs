@@ -338,13 +338,157 @@ impl Memo {
     }
 }
 
+/// The `compile_context` torch writes when none is active.
+const NO_CC: &[u8] = crate::NO_COMPILE_CONTEXT.as_bytes();
+
+/// The bytes of a string value (`default` when absent).
+#[inline]
+fn str_of<'a>(strs: &'a [u8], v: V, default: &'static [u8]) -> &'a [u8] {
+    match v {
+        V::Word(w) => WORDS[w as usize],
+        V::Str { start, len } => &strs[start as usize..(start + len) as usize],
+        _ => default,
+    }
+}
+
+/// The [`crate::MetaId`] of an entry's `compile_context` and `user_metadata` (as
+/// [`crate::snapshot`] interns them: 0 for torch's defaults, else in order of first use).
+#[inline]
+fn intern_meta(
+    ids: &mut HashMap<Box<[u8]>, crate::MetaId>,
+    metas: &mut crate::MetaInterner,
+    key: &mut Vec<u8>,
+    cc: &[u8],
+    um: &[u8],
+) -> Result<crate::MetaId, TraceError> {
+    if cc == NO_CC && um.is_empty() {
+        return Ok(0);
+    }
+    key.clear();
+    key.extend_from_slice(cc);
+    key.push(0xff); // never in UTF-8
+    key.extend_from_slice(um);
+    if let Some(&id) = ids.get(&key[..]) {
+        return Ok(id);
+    }
+    let (Ok(c), Ok(u)) = (std::str::from_utf8(cc), std::str::from_utf8(um)) else {
+        return unstreamable("an entry's compile_context or user_metadata is not UTF-8");
+    };
+    let id = metas.intern(c, u);
+    ids.insert(key.as_slice().into(), id);
+    Ok(id)
+}
+
+/// A `frames` list written inside an entry, at `b[i]` (its `EMPTY_LIST`), as torch writes the
+/// list of each new traceback: its memo put (index `memo_next`), then memo references (to frame
+/// dicts) in `MARK … APPENDS` batches or by one `APPEND`. The range of those items' bytes, which
+/// ends where the list does; `None` when the bytes are not of that form (the general machine
+/// reads them). Only the opcodes are read: [`frame_dicts`] resolves the references.
+#[inline]
+fn frames_extent(b: &[u8], mut i: usize, memo_next: u64) -> Option<(usize, usize)> {
+    let u32_at = |i: usize| -> Option<u64> { Some(u32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?) as u64) };
+    i += 1;
+    match *b.get(i)? {
+        0x94 => i += 1,
+        b'q' if *b.get(i + 1)? as u64 == memo_next => i += 2,
+        b'r' if u32_at(i + 1)? == memo_next => i += 5,
+        _ => return None,
+    }
+    let start = i;
+    loop {
+        match *b.get(i)? {
+            b'(' => {
+                i += 1;
+                loop {
+                    match *b.get(i)? {
+                        b'h' => i += 2,
+                        b'j' => i += 5,
+                        b'e' => break,
+                        _ => return None,
+                    }
+                }
+                i += 1;
+            }
+            // One APPEND, or the entry's next key after the list.
+            op @ (b'h' | b'j') => {
+                let n = if op == b'h' { 2 } else { 5 };
+                if b.get(i + n) != Some(&b'a') {
+                    return Some((start, i));
+                }
+                i += n + 1;
+            }
+            _ => return Some((start, i)),
+        }
+    }
+}
+
+/// The frame dicts the items of a frames list refer to ([`frames_extent`]'s bytes), pushed to
+/// `key`; `None` when one is not a memo reference to a dict.
+#[inline]
+fn frame_dicts(items: &[u8], memo: &Memo, key: &mut Vec<u32>) -> Option<()> {
+    let mut i = 0;
+    while i < items.len() {
+        let (idx, n) = match items[i] {
+            b'(' | b'e' | b'a' => {
+                i += 1;
+                continue;
+            }
+            b'h' => (*items.get(i + 1)? as u64, 2),
+            _ => (u32::from_le_bytes(items.get(i + 1..i + 5)?.try_into().ok()?) as u64, 5),
+        };
+        let code = memo.code(idx);
+        if code < TAG_KEPT {
+            return None;
+        }
+        let V::Dict(d) = memo.kept[(code & PAYLOAD) as usize] else { return None };
+        key.push(d);
+        i += n;
+    }
+    Some(())
+}
+
+/// A hasher for byte strings (the frames lists [`Vm::frames_seen`] keeps): Fletcher's two running
+/// sums over 8-byte words (position-sensitive, one add each), folded by a 128-bit multiply. Not
+/// DoS-resistant, like [`crate::hash::IntHasher`]; equal hashes are told apart by comparing bytes.
+#[derive(Default, Clone, Copy)]
+struct BytesHasher(u64);
+
+impl std::hash::Hasher for BytesHasher {
+    #[inline]
+    fn write(&mut self, b: &[u8]) {
+        let (mut s1, mut s2) = (self.0 ^ b.len() as u64, 0u64);
+        let mut chunks = b.chunks_exact(8);
+        for c in &mut chunks {
+            s1 = s1.wrapping_add(u64::from_le_bytes(c.try_into().unwrap_or_default()));
+            s2 = s2.wrapping_add(s1);
+        }
+        let mut w = [0u8; 8];
+        w[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+        s1 = s1.wrapping_add(u64::from_le_bytes(w));
+        s2 = s2.wrapping_add(s1);
+        let p = (s1 as u128).wrapping_mul((s2 ^ 0x9e37_79b9_7f4a_7c15) as u128 | 1);
+        self.0 = (p as u64) ^ ((p >> 64) as u64);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.0 ^= i as u64;
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// At most this many bytes of frames lists in [`Vm::frames_seen`] (a snapshot whose every
+/// entry has a stack of its own must not keep them all).
+const FRAMES_SEEN_BYTES: usize = 16 << 20;
+
 // ---------------------------------------------------------------------------------------------
 // Input
 
 /// Where the machine's bytes come from.
 enum Input {
-    Plain(std::fs::File),
-    /// Chunks from the decompressing thread; used chunks go back to it.
+    /// Chunks from the thread that reads (and gunzips) the file; used chunks go back to it.
     Gzip { rx: mpsc::Receiver<std::io::Result<Vec<u8>>>, back: mpsc::Sender<Vec<u8>>, chunk: Vec<u8>, at: usize },
     Bytes { bytes: std::sync::Arc<[u8]>, at: usize },
 }
@@ -355,13 +499,6 @@ impl Input {
     /// Reads into `out`; 0 at the end.
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
         match self {
-            Input::Plain(f) => loop {
-                match f.read(out) {
-                    Ok(n) => return Ok(n),
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            },
             Input::Gzip { rx, back, chunk, at } => {
                 while *at >= chunk.len() {
                     match rx.recv() {
@@ -394,10 +531,15 @@ impl Input {
 
 /// Starts a thread that gunzips `f` into chunks.
 fn gunzip_thread(f: std::fs::File) -> Input {
+    reader_thread(flate2::read::MultiGzDecoder::new(std::io::BufReader::with_capacity(1 << 18, f)))
+}
+
+/// Starts a thread that reads `z` into chunks (a plain file too: its reads then overlap the
+/// decoding).
+fn reader_thread(mut z: impl Read + Send + 'static) -> Input {
     let (tx, rx) = mpsc::sync_channel::<std::io::Result<Vec<u8>>>(4);
     let (back, recycled) = mpsc::channel::<Vec<u8>>();
     std::thread::spawn(move || {
-        let mut z = flate2::read::MultiGzDecoder::new(std::io::BufReader::with_capacity(1 << 18, f));
         loop {
             let mut c = recycled.try_recv().unwrap_or_default();
             c.clear();
@@ -442,6 +584,8 @@ enum Mode {
     Events,
     /// The segment entries, the segments and the settings, for [`PickleFile::scan`].
     Scan,
+    /// Every entry with its stack and metadata, for [`PickleFile::compact`].
+    Collect,
 }
 
 /// What the first pass found: see [`PickleFile::scan`].
@@ -495,9 +639,30 @@ struct Vm {
     segment_entries: Vec<Vec<TraceEntry>>,
     entry_count: u64,
     done: bool,
+    /// [`Mode::Collect`]: the entries by device, their `stack` one more than a key of `stacks`
+    /// (0: no frames) until [`PickleFile::compact`] renumbers them.
+    traces: Vec<Vec<TraceEntry>>,
+    /// [`Mode::Collect`]: the entries' metadata, interned (see [`Vm::meta_of`]).
+    metas: crate::MetaInterner,
+    meta_ids: HashMap<Box<[u8]>, crate::MetaId>,
+    /// Scratch: the frame dicts of a `frames` list the fast path read; a metadata key.
+    frame_key: Vec<u32>,
+    meta_key: Vec<u8>,
+    /// The frames lists the fast path read inside entries, by their items' bytes: the stack
+    /// (0 outside [`Mode::Collect`]), so a list seen before is neither resolved nor hashed by
+    /// its frames again. Emptied when a memo index is bound again (the same bytes could then
+    /// mean other frames); at most [`FRAMES_SEEN_BYTES`].
+    frames_seen: HashMap<Box<[u8]>, u32, BuildHasherDefault<BytesHasher>>,
+    frames_seen_bytes: usize,
+    /// [`Mode::Collect`]: past this many entries, a scan ([`PickleFile::first_pass`]).
+    max_entries: u64,
 }
 
 const GENERIC_SEQ: u64 = u64::MAX - 1;
+/// [`Vm::fast_entry`]: a fresh memo put of the `frames` list it read, and that list as the
+/// entry's `frames` until it is interned.
+const FRESH_STACK: u32 = u32::MAX;
+const FRESH_FRAMES: V = V::Stack(u32::MAX);
 /// Marks an entry slot of [`Vm::ready`].
 const READY: u32 = 1 << 31;
 /// An entry the first pass does not keep.
@@ -542,6 +707,14 @@ impl Vm {
             segment_entries: Vec::new(),
             entry_count: 0,
             done: false,
+            traces: Vec::new(),
+            metas: crate::MetaInterner::default(),
+            meta_ids: HashMap::new(),
+            frame_key: Vec::new(),
+            meta_key: Vec::new(),
+            frames_seen: HashMap::default(),
+            frames_seen_bytes: 0,
+            max_entries: u64::MAX,
         }
     }
 
@@ -673,6 +846,10 @@ impl Vm {
     }
 
     fn memo_put(&mut self, idx: u64, v: V) -> Result<(), TraceError> {
+        if idx < self.memo.count && !self.frames_seen.is_empty() {
+            self.frames_seen.clear();
+            self.frames_seen_bytes = 0;
+        }
         if let V::List(id) = v
             && self.seq_memo[id as usize] == FRAMES_SEQ
         {
@@ -753,6 +930,10 @@ impl Vm {
     fn append(&mut self, target: V, start: usize) -> Result<(), TraceError> {
         match target {
             V::List(id) => {
+                if self.seq_checked[id as usize] {
+                    // The whole-file decoder would see the list as it ends up.
+                    return unstreamable("a frames list changed after an entry used it");
+                }
                 for i in start..self.stack.len() {
                     let v = self.stack[i];
                     if v.is_role() {
@@ -931,7 +1112,45 @@ impl Vm {
                 return unstreamable("an entry's compile_context or user_metadata is not a str");
             }
         }
-        Ok(TraceEntry { action, addr, size, stream, time_us, stack: 0, meta: 0 })
+        let (stack, meta) = if self.mode == Mode::Collect {
+            let stack = self.stack_of(p.f[F_FRAMES])?;
+            let cc = str_of(&self.strs, p.f[F_CC], NO_CC);
+            let um = str_of(&self.strs, p.f[F_UM], b"");
+            (stack, intern_meta(&mut self.meta_ids, &mut self.metas, &mut self.meta_key, cc, um)?)
+        } else {
+            (0, 0)
+        };
+        Ok(TraceEntry { action, addr, size, stream, time_us, stack, meta })
+    }
+
+    /// [`Mode::Collect`]: an entry's stack (one more than its key in `stacks`; 0: no frames)
+    /// from its `frames` value (interned already, or a list made outside the entry).
+    fn stack_of(&mut self, v: V) -> Result<u32, TraceError> {
+        match v {
+            V::Stack(s) => Ok(s + 1),
+            V::List(id) | V::Tuple(id) => {
+                let mut key = std::mem::take(&mut self.frame_key);
+                key.clear();
+                for it in &self.seqs[id as usize] {
+                    let V::Dict(d) = *it else { return unstreamable("a frame that is not a dict") };
+                    key.push(d);
+                }
+                let sid = self.intern_stack(&key);
+                self.frame_key = key;
+                Ok(sid + 1)
+            }
+            _ => Ok(0),
+        }
+    }
+
+    /// The id of the stack of these frame dicts.
+    fn intern_stack(&mut self, key: &[u32]) -> u32 {
+        if let Some(&s) = self.stacks.get(key) {
+            return s;
+        }
+        let n = self.stacks.len() as u32;
+        self.stacks.insert(key.to_vec(), n);
+        n
     }
 
     #[inline]
@@ -940,13 +1159,35 @@ impl Vm {
         self.entry_count += 1;
         match self.mode {
             Mode::Events => self.out.push((dev as usize, e)),
+            Mode::Collect if self.entry_count <= self.max_entries => {
+                let d = dev as usize;
+                if self.traces.len() <= d {
+                    self.traces.resize_with(d + 1, Vec::new);
+                }
+                self.traces[d].push(e);
+            }
+            Mode::Collect => {
+                // More entries than [`PickleFile::first_pass`] keeps: a scan from here on.
+                self.mode = Mode::Scan;
+                for (d, t) in std::mem::take(&mut self.traces).into_iter().enumerate() {
+                    let segment = |e: &TraceEntry| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap);
+                    let kept: Vec<TraceEntry> = t.iter().filter(|e| segment(e)).map(|e| TraceEntry { stack: 0, meta: 0, ..*e }).collect();
+                    if self.segment_entries.len() <= d {
+                        self.segment_entries.resize_with(d + 1, Vec::new);
+                    }
+                    self.segment_entries[d] = kept;
+                }
+                self.entry_count -= 1;
+                self.emit(e, dev);
+            }
             Mode::Scan => {
                 if matches!(action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap) {
                     let d = dev as usize;
                     if self.segment_entries.len() <= d {
                         self.segment_entries.resize_with(d + 1, Vec::new);
                     }
-                    self.segment_entries[d].push(e);
+                    // (Entries read before a first pass became a scan carry their stacks.)
+                    self.segment_entries[d].push(TraceEntry { stack: 0, meta: 0, ..e });
                 }
             }
         }
@@ -1249,9 +1490,15 @@ impl Vm {
         let mut have = 0u32;
         let mut action = 0u32;
         let mut frames = V::Absent;
-        // Strings this entry made: (memo index or u64::MAX, start in `b`, length, word code).
+        // Strings this entry made: (memo index or u64::MAX, start in `b`, length, word code;
+        // `FRESH_STACK`: the frames list read by `inline_frames`, its frames in `frame_key`).
         let mut fresh = [(0u64, 0usize, 0usize, 0u32); 4];
         let mut nfresh = 0usize;
+        // compile_context and user_metadata: a value, or `V::Entry(k)` for `fresh[k]`.
+        let mut meta = [V::Absent; 2];
+        let mut inline = false;
+        // The inline frames list's stack, when `frames_seen` knew its bytes.
+        let mut known = None;
         let memo = &self.memo;
         loop {
             if i + 12 > b.len() {
@@ -1326,8 +1573,8 @@ impl Vm {
                     let w = c.wrapping_sub(1);
                     match k {
                         F_ACTION if (W_FIRST_ACTION as u32..W_FIRST_ACTION as u32 + 10).contains(&w) => action = w,
-                        F_CC | F_UM if c != 0 && c < TAG_STACK => {}
-                        F_CC | F_UM if c >= TAG_KEPT && matches!(memo.decode(c), V::Str { .. }) => {}
+                        F_CC | F_UM if c != 0 && c < TAG_STACK => meta[k - F_CC] = V::Word(w as u8),
+                        F_CC | F_UM if c >= TAG_KEPT && matches!(memo.decode(c), V::Str { .. }) => meta[k - F_CC] = memo.decode(c),
                         F_FRAMES if c >= TAG_STACK => {
                             frames = memo.decode(c);
                             if !matches!(frames, V::Stack(_) | V::List(_) | V::Tuple(_)) {
@@ -1374,10 +1621,27 @@ impl Vm {
                         }
                         _ => u64::MAX,
                     };
-                    if idx != u64::MAX {
-                        fresh[nfresh] = (idx, start, n, w.map_or(0, |w| w as u32 + 1));
-                        nfresh += 1;
+                    if k != F_ACTION {
+                        meta[k - F_CC] = V::Entry(nfresh as u32);
                     }
+                    fresh[nfresh] = (idx, start, n, w.map_or(0, |w| w as u32 + 1));
+                    nfresh += 1;
+                }
+                b']' if k == F_FRAMES && nfresh < fresh.len() && !inline => {
+                    inline = true;
+                    let Some((start, next)) = frames_extent(b, i, memo_next) else { return Ok(false) };
+                    known = self.frames_seen.get(&b[start..next]).copied();
+                    if known.is_none() {
+                        self.frame_key.clear();
+                        if frame_dicts(&b[start..next], memo, &mut self.frame_key).is_none() {
+                            return Ok(false);
+                        }
+                    }
+                    i = next;
+                    fresh[nfresh] = (memo_next, start, next - start, FRESH_STACK);
+                    nfresh += 1;
+                    memo_next += 1;
+                    frames = FRESH_FRAMES;
                 }
                 _ => return Ok(false),
             }
@@ -1413,6 +1677,35 @@ impl Vm {
         self.pos += i;
         self.memo.count += 1; // the entry dict (not kept; a fresh index is empty)
         for &(idx, start, n, w) in &fresh[..nfresh] {
+            if idx == u64::MAX {
+                continue;
+            }
+            if w == FRESH_STACK {
+                let sid = match known {
+                    Some(sid) => sid,
+                    None => {
+                        // Interned only where the stacks are kept.
+                        let sid = if self.mode == Mode::Collect {
+                            let key = std::mem::take(&mut self.frame_key);
+                            let sid = self.intern_stack(&key);
+                            self.frame_key = key;
+                            sid
+                        } else {
+                            0
+                        };
+                        if self.frames_seen_bytes + n <= FRAMES_SEEN_BYTES {
+                            self.frames_seen_bytes += n;
+                            self.frames_seen.insert(self.buf[base + start..base + start + n].into(), sid);
+                        }
+                        sid
+                    }
+                };
+                if frames == FRESH_FRAMES {
+                    frames = V::Stack(sid);
+                }
+                self.memo.put(idx, V::Stack(sid))?;
+                continue;
+            }
             let v = if w != 0 {
                 V::Word((w - 1) as u8)
             } else {
@@ -1433,7 +1726,8 @@ impl Vm {
             self.stack.push(V::Entry(SKIPPED));
             return Ok(true);
         }
-        let e = TraceEntry { action: act, addr, size, stream, time_us, stack: 0, meta: 0 };
+        let (stack, meta) = if self.mode == Mode::Collect { self.fast_stack_meta(frames, meta, &fresh, base)? } else { (0, 0) };
+        let e = TraceEntry { action: act, addr, size, stream, time_us, stack, meta };
         let id = match self.ready_free.pop() {
             Some(id) => {
                 self.ready[id as usize] = e;
@@ -1448,6 +1742,24 @@ impl Vm {
         Ok(true)
     }
 
+    /// [`Mode::Collect`]: the stack and metadata of an entry the fast path read (`meta`'s
+    /// `V::Entry(k)`: the string of `fresh[k]`, at `base` in the buffer).
+    fn fast_stack_meta(&mut self, frames: V, meta: [V; 2], fresh: &[(u64, usize, usize, u32)], base: usize) -> Result<(u32, u32), TraceError> {
+        let stack = self.stack_of(frames)?;
+        let text = |v: V, default: &'static [u8]| -> &[u8] {
+            match v {
+                V::Entry(k) => {
+                    let (_, start, n, _) = fresh[k as usize];
+                    &self.buf[base + start..base + start + n]
+                }
+                v => str_of(&self.strs, v, default),
+            }
+        };
+        let (cc, um) = (text(meta[0], NO_CC), text(meta[1], b""));
+        let meta = intern_meta(&mut self.meta_ids, &mut self.metas, &mut self.meta_key, cc, um)?;
+        Ok((stack, meta))
+    }
+
     /// The segments, settings and annotations as [`crate::snapshot`] reads them.
     fn header(&self) -> Result<(Vec<SnapshotSegment>, RecordedSettings), TraceError> {
         let mut t = Translate { vm: self, seqs: Vec::new(), dicts: Vec::new(), seq_ids: HashMap::new(), dict_ids: HashMap::new() };
@@ -1460,6 +1772,86 @@ impl Vm {
         let Translate { seqs, dicts, .. } = t;
         let d = pickle::Decoded::from_parts(&self.strs, seqs, dicts, Value::None);
         crate::snapshot::header_from_decoded(&d, vals[0], vals[2], vals[3]).map_err(|e| TraceError::Unstreamable(e.to_string()))
+    }
+}
+
+impl Vm {
+    /// [`Mode::Scan`], at the end: what [`PickleFile::scan`] returns.
+    fn into_scan(mut self) -> Result<PickleScan, TraceError> {
+        let (segments, settings) = self.header()?;
+        let devices = self.devices as usize;
+        let mut segment_entries = std::mem::take(&mut self.segment_entries);
+        segment_entries.resize_with(devices.max(segment_entries.len()), Vec::new);
+        Ok(PickleScan { settings, devices, segments, segment_entries, entries: self.entry_count })
+    }
+
+    /// [`Mode::Collect`], at the end: the snapshot, its stacks converted and numbered as
+    /// [`crate::snapshot`] numbers them (by first use: the entries', then the blocks').
+    fn into_snapshot(mut self) -> Result<crate::Snapshot, TraceError> {
+        let mut traces = std::mem::take(&mut self.traces);
+        traces.resize_with(traces.len().max(self.devices as usize), Vec::new);
+        let mut keys: Vec<&[u32]> = vec![&[]; self.stacks.len()];
+        for (k, &sid) in &self.stacks {
+            keys[sid as usize] = k;
+        }
+        // The stacks the entries use, in order of first use (an entry's `stack`: one more than
+        // its key's id).
+        let mut first_use = vec![u32::MAX; keys.len() + 1];
+        let mut used: Vec<u32> = Vec::new();
+        for e in traces.iter().flatten() {
+            let s = e.stack as usize;
+            if s != 0 && first_use[s] == u32::MAX {
+                first_use[s] = used.len() as u32;
+                used.push(e.stack - 1);
+            }
+        }
+        let mut t = Translate { vm: &self, seqs: Vec::new(), dicts: Vec::new(), seq_ids: HashMap::new(), dict_ids: HashMap::new() };
+        let mut lists = Vec::with_capacity(used.len());
+        for &sid in &used {
+            let mut items = Vec::with_capacity(keys[sid as usize].len());
+            for &d in keys[sid as usize] {
+                items.push(t.value(V::Dict(d), 0)?);
+            }
+            lists.push(Value::List(t.seqs.len() as u32));
+            t.seqs.push(items);
+        }
+        let mut vals = [None; 4];
+        for (k, v) in self.top.iter().enumerate() {
+            if k != 1 && *v != V::Absent {
+                vals[k] = Some(t.value(*v, 0)?);
+            }
+        }
+        let Translate { seqs, dicts, .. } = t;
+        let d = pickle::Decoded::from_parts(&self.strs, seqs, dicts, Value::None);
+        let h = crate::snapshot::compact_header_from_decoded(&d, &lists, vals[0], vals[2], vals[3])
+            .map_err(|e| TraceError::Unstreamable(e.to_string()))?;
+        // Metadata too is numbered by first use (the fast path interns it when it reads an
+        // entry, the general machine when the entry is appended).
+        let metas = std::mem::take(&mut self.metas).into_metas();
+        let mut meta_ids = vec![0u32; metas.len() + 1];
+        let mut entry_metas = Vec::with_capacity(metas.len());
+        for e in traces.iter_mut().flatten() {
+            if e.stack != 0 {
+                e.stack = h.stack_ids[first_use[e.stack as usize] as usize];
+            }
+            if e.meta != 0 {
+                let m = &mut meta_ids[e.meta as usize];
+                if *m == 0 {
+                    entry_metas.push(metas[e.meta as usize - 1].clone());
+                    *m = entry_metas.len() as u32;
+                }
+                e.meta = *m;
+            }
+        }
+        Ok(crate::Snapshot {
+            segments: h.segments,
+            device_traces: traces,
+            settings: h.settings,
+            stacks: h.stacks,
+            annotations: h.annotations,
+            entry_metas,
+            segments_only: false,
+        })
     }
 }
 
@@ -1538,6 +1930,15 @@ impl Translate<'_> {
 // ---------------------------------------------------------------------------------------------
 // Files
 
+/// What [`PickleFile::first_pass`] read.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FirstPass {
+    /// The whole snapshot (at most the number of entries asked for).
+    Whole(crate::Snapshot),
+    /// What [`PickleFile::scan`] reads (more entries than that).
+    Scan(PickleScan),
+}
+
 /// A snapshot pickle file, plain or gzip'd, read by [`PickleFile::scan`] and
 /// [`PickleFile::events`] as often as needed.
 #[derive(Clone, Debug)]
@@ -1574,8 +1975,8 @@ impl PickleFile {
         Ok((first == 0x80).then_some(file))
     }
 
-    /// A pickle held in memory (not gzip'd).
-    pub fn from_bytes(bytes: Vec<u8>) -> PickleFile {
+    /// A pickle held in memory (not gzip'd; a `Vec<u8>`, or a slice, which is copied).
+    pub fn from_bytes(bytes: impl Into<std::sync::Arc<[u8]>>) -> PickleFile {
         PickleFile { path: PathBuf::from("(memory)"), gzip: false, bytes: Some(bytes.into()) }
     }
 
@@ -1600,7 +2001,7 @@ impl PickleFile {
             return Ok(Input::Bytes { bytes: b.clone(), at: 0 });
         }
         let f = std::fs::File::open(&self.path).map_err(|e| TraceError::Io { path: self.path.display().to_string(), source: e })?;
-        Ok(if self.gzip { gunzip_thread(f) } else { Input::Plain(f) })
+        Ok(if self.gzip { gunzip_thread(f) } else { reader_thread(f) })
     }
 
     /// The first pass: the settings, the number of devices, the final segments and every
@@ -1609,11 +2010,34 @@ impl PickleFile {
     pub fn scan(&self) -> Result<PickleScan, TraceError> {
         let mut vm = Vm::new(self.input()?, Mode::Scan);
         vm.run()?;
-        let (segments, settings) = vm.header()?;
-        let devices = vm.devices as usize;
-        let mut segment_entries = std::mem::take(&mut vm.segment_entries);
-        segment_entries.resize_with(devices.max(segment_entries.len()), Vec::new);
-        Ok(PickleScan { settings, devices, segments, segment_entries, entries: vm.entry_count })
+        vm.into_scan()
+    }
+
+    /// A first pass that reads the whole snapshot, as [`PickleFile::compact`], when it holds at
+    /// most `max_entries` trace entries, and is [`PickleFile::scan`] otherwise (the entries read
+    /// until there were more are then dropped): a replay then needs no second pass over a small
+    /// file, and memory stays bounded (by `max_entries` entries of 48 bytes) for a large one.
+    pub fn first_pass(&self, max_entries: u64) -> Result<FirstPass, TraceError> {
+        let mut vm = Vm::new(self.input()?, Mode::Collect);
+        vm.max_entries = max_entries;
+        vm.run()?;
+        if vm.mode == Mode::Collect {
+            return vm.into_snapshot().map(FirstPass::Whole);
+        }
+        vm.into_scan().map(FirstPass::Scan)
+    }
+
+    /// The whole snapshot, read in one pass by the stream's machine: what
+    /// [`crate::snapshot::from_pickle`] gives for the same bytes, in a fraction of its time and
+    /// memory (each entry is converted when it is appended, frames lists are interned as they
+    /// are read, and nothing of the pickle is kept but the memo's frame dicts and strings).
+    /// [`TraceError::Unstreamable`] when the file is not of the shape the stream reads (or not
+    /// valid): read it with [`crate::read_trace_whole`] instead, which also names what is wrong
+    /// ([`crate::read_trace`] does both).
+    pub fn compact(&self) -> Result<crate::Snapshot, TraceError> {
+        let mut vm = Vm::new(self.input()?, Mode::Collect);
+        vm.run()?;
+        vm.into_snapshot()
     }
 
     /// The events, in file order, as `(device, entry)` (every `stack` and `meta` 0). After the

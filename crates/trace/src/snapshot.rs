@@ -260,6 +260,51 @@ pub(crate) fn header_from_decoded(
     Ok((segs_out, settings))
 }
 
+/// What [`crate::pickle_stream::PickleFile::compact`] converts once the entries are read.
+pub(crate) struct CompactHeader {
+    /// For each stack the stream interned (lists of frame dicts, in order of first use): its
+    /// [`StackId`].
+    pub stack_ids: Vec<StackId>,
+    pub stacks: Vec<Vec<Frame>>,
+    pub segments: Vec<SnapshotSegment>,
+    pub settings: RecordedSettings,
+    pub annotations: Vec<Annotation>,
+}
+
+/// The stacks a stream interned from the entries (`stacks`: frames lists, in order of first use)
+/// and the snapshot's segments, settings and annotations, converted as [`from_decoded`] converts
+/// them: stacks interned in the same order (the traces' first, then the segments' blocks'), so
+/// the ids are the ones [`from_decoded`] gives.
+pub(crate) fn compact_header_from_decoded(
+    d: &Decoded<'_>,
+    stacks: &[Value],
+    segments: Option<Value>,
+    settings: Option<Value>,
+    annotations: Option<Value>,
+) -> Result<CompactHeader, TraceError> {
+    let mut c = Conv::new(d);
+    let mut stack_ids = Vec::with_capacity(stacks.len());
+    for (i, &f) in stacks.iter().enumerate() {
+        stack_ids.push(c.stack(f, &|| format!("stack {i}"))?);
+    }
+    let mut segs_out = Vec::new();
+    if let Some(s) = segments {
+        let segs = d.items(s).ok_or_else(|| ns(format!("'segments' is a {}, expected a list", s.type_name())))?;
+        for (i, &sv) in segs.iter().enumerate() {
+            segs_out.push(c.segment(sv, i)?);
+        }
+    }
+    let settings = match settings {
+        Some(s) => c.settings(s)?,
+        None => RecordedSettings::default(),
+    };
+    let annotations = match annotations {
+        Some(a) => annotations_of(d, a)?,
+        None => Vec::new(),
+    };
+    Ok(CompactHeader { stack_ids, stacks: c.stacks, segments: segs_out, settings, annotations })
+}
+
 /// `external_annotations` → [`Annotation`]s (`None` is taken as an empty list).
 fn annotations_of(d: &Decoded<'_>, a: Value) -> Result<Vec<Annotation>, TraceError> {
     if a == Value::None {

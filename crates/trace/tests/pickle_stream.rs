@@ -1,13 +1,14 @@
 //! Snapshot pickles read as a stream (`pickle_stream`): the same entries, segments and settings
 //! as the whole-file decoder (`snapshot::from_pickle`), on every real trace and fixture, plain and
-//! gzip'd; and where the stream cannot read a file, it says so (the caller then reads it whole).
+//! gzip'd, and `PickleFile::compact` the very same `Snapshot` (stacks, metadata, annotations and
+//! all); and where the stream cannot read a file, it says so (the caller then reads it whole).
 
 mod common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use allocsim_trace::pickle_stream::{PickleFile, PickleScan};
+use allocsim_trace::pickle_stream::{FirstPass, PickleFile, PickleScan};
 use allocsim_trace::{Action, Snapshot, TraceEntry, TraceError, snapshot};
 use common::{fixture, reference};
 
@@ -23,7 +24,7 @@ fn is_segment(a: Action) -> bool {
 /// What the stream reads of `file` equals what `from_pickle` gives for `raw` (its bytes).
 fn check(file: &PickleFile, whole: &Snapshot, what: &str) {
     let scan = file.scan().unwrap_or_else(|e| panic!("{what}: scan: {e}"));
-    let PickleScan { settings, devices, segments, segment_entries, entries } = scan;
+    let PickleScan { settings, devices, segments, segment_entries, entries } = scan.clone();
     assert_eq!(settings, whole.settings, "{what}: settings");
     assert_eq!(devices, whole.device_traces.len(), "{what}: devices");
     let mut want_segments = whole.segments.clone();
@@ -45,6 +46,35 @@ fn check(file: &PickleFile, whole: &Snapshot, what: &str) {
     }
     assert_eq!(events.devices(), whole.device_traces.len());
     assert_eq!(traces, bare, "{what}: events");
+    // Read whole by the stream's machine: the whole-file decoder's snapshot, field for field.
+    let compact = file.compact().unwrap_or_else(|e| panic!("{what}: compact: {e}"));
+    assert_same_snapshot(&compact, whole, what);
+    // A first pass keeps the whole snapshot up to a number of entries, else is the scan (also
+    // when it becomes one midway).
+    let n = entries;
+    assert_eq!(file.first_pass(n).unwrap(), FirstPass::Whole(compact), "{what}: first pass of {n} entries");
+    let scan = file.scan().unwrap();
+    for max in [0, n / 2, n.saturating_sub(1)] {
+        if max < n {
+            assert_eq!(file.first_pass(max).unwrap(), FirstPass::Scan(scan.clone()), "{what}: first pass of at most {max} entries");
+        }
+    }
+}
+
+/// `a` equals `b`, the first difference named.
+fn assert_same_snapshot(a: &Snapshot, b: &Snapshot, what: &str) {
+    assert_eq!(a.settings, b.settings, "{what}: compact settings");
+    assert_eq!(a.segments, b.segments, "{what}: compact segments");
+    assert_eq!(a.device_traces.len(), b.device_traces.len(), "{what}: compact devices");
+    for (d, (x, y)) in a.device_traces.iter().zip(&b.device_traces).enumerate() {
+        if let Some(i) = (0..x.len().max(y.len())).find(|&i| x.get(i) != y.get(i)) {
+            panic!("{what}: compact device {d}'s entry {i}: {:?} vs {:?}", x.get(i), y.get(i));
+        }
+    }
+    assert_eq!(a.stacks, b.stacks, "{what}: compact stacks");
+    assert_eq!(a.entry_metas, b.entry_metas, "{what}: compact metadata");
+    assert_eq!(a.annotations, b.annotations, "{what}: compact annotations");
+    assert_eq!(a, b, "{what}: compact");
 }
 
 fn gunzip(b: &[u8]) -> Vec<u8> {
@@ -117,11 +147,14 @@ fn every_trace_streams_as_the_whole_file_decodes() {
 
 #[test]
 fn fixtures_at_every_protocol() {
-    for f in ["snap/small_p2.pickle", "snap/small_p4.pickle", "snap/small_p5.pickle"] {
+    // torch_frames_*: a fresh frames list per entry, as torch writes stacks (fixtures/gen_fixtures.py).
+    for f in ["snap/small_p2.pickle", "snap/small_p4.pickle", "snap/small_p5.pickle", "snap/torch_frames_p2.pickle", "snap/torch_frames_p4.pickle"] {
         let raw = fixture(f);
         let whole = snapshot::from_pickle(&raw).unwrap();
         check(&PickleFile::from_bytes(raw), &whole, f);
     }
+    let whole = snapshot::from_pickle(&fixture("snap/torch_frames_p4.pickle")).unwrap();
+    assert!(whole.stacks.iter().any(|s| s.len() == 1001) && whole.entry_metas.len() >= 4, "the fixture has what it is for");
 }
 
 #[test]
@@ -143,6 +176,7 @@ fn refuses_what_it_does_not_read() {
         assert!(snapshot::from_pickle(&raw).is_err(), "{f} is an invalid snapshot");
         let file = PickleFile::from_bytes(raw);
         assert!(matches!(file.scan(), Err(TraceError::Unstreamable(_))), "{f}: scan");
+        assert!(matches!(file.compact(), Err(TraceError::Unstreamable(_))), "{f}: compact");
         let r: Result<Vec<_>, _> = file.events().unwrap().collect();
         assert!(matches!(r, Err(TraceError::Unstreamable(_))), "{f}: events");
     }
@@ -152,6 +186,7 @@ fn refuses_what_it_does_not_read() {
     for cut in (0..raw.len()).step_by(97) {
         let file = PickleFile::from_bytes(raw[..cut].to_vec());
         assert!(matches!(file.scan(), Err(TraceError::Unstreamable(_))), "cut at {cut}");
+        assert!(matches!(file.compact(), Err(TraceError::Unstreamable(_))), "cut at {cut}");
         let r: Result<Vec<_>, _> = file.events().unwrap().collect();
         assert!(r.is_err(), "cut at {cut}");
     }
@@ -173,4 +208,25 @@ fn a_reference_to_an_entry_is_refused() {
     assert!(snapshot::from_pickle(&p).is_err(), "a segment that is an entry dict is not a segment");
     let file = PickleFile::from_bytes(p);
     assert!(matches!(file.scan(), Err(TraceError::Unstreamable(_))));
+    assert!(matches!(file.compact(), Err(TraceError::Unstreamable(_))));
+}
+
+/// A frames list that changes after an entry used it: the whole-file decoder sees it as it ends
+/// up, so the stream steps aside rather than keep the stack it saw.
+#[test]
+fn a_frames_list_changed_later_is_refused() {
+    let mut p = Vec::new();
+    // {'x': L, 'device_traces': [[{'action': 'alloc', 'addr': 0, 'size': 0, 'frames': L}]], 'y': L}
+    // with L = [{'name': 'f'}] when the entry is read, and a second frame appended after it.
+    p.extend_from_slice(b"\x80\x04}\x94(\x8c\x01x\x94]\x94}\x94(\x8c\x04name\x94\x8c\x01f\x94ua");
+    // memo: 0 top, 1 'x', 2 L, 3 frame, 4 'name', 5 'f'
+    p.extend_from_slice(b"\x8c\x0ddevice_traces\x94]\x94]\x94");
+    p.extend_from_slice(b"}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x04addr\x94K\x00\x8c\x04size\x94K\x00\x8c\x06frames\x94h\x02uaa");
+    p.extend_from_slice(b"\x8c\x01y\x94h\x02}\x94(h\x04\x8c\x01g\x94uau.");
+    let whole = snapshot::from_pickle(&p).unwrap();
+    assert_eq!(whole.stack(whole.device_traces[0][0].stack).len(), 2, "the whole-file decoder sees both frames");
+    let file = PickleFile::from_bytes(p);
+    assert!(matches!(file.compact(), Err(TraceError::Unstreamable(_))));
+    let r: Result<Vec<_>, _> = file.events().unwrap().collect();
+    assert!(matches!(r, Err(TraceError::Unstreamable(_))));
 }

@@ -1,0 +1,194 @@
+//! Commands on a trace file: reading it, and `replay`'s choice of how.
+//!
+//! `replay` of a JSON Lines trace or a snapshot pickle first tries the one-pass replay
+//! (`allocsim_replay::stream`: a first pass for the final segments, segment events and settings,
+//! then the entries as they are decoded, in memory bounded by the live set). Where one pass cannot
+//! give the answer (a trace that starts mid-history, final segments the trace did not allocate,
+//! `--placements`, `--addresses-from`, a shape the stream does not read), the trace is read into
+//! memory and replayed there: a pickle of the shape torch writes by the stream's machine
+//! ([`allocsim_trace::pickle_stream::PickleFile::compact`]: one pass, entries of 48 bytes, each
+//! stack converted once), anything else by the general decoders. `in_memory` reads it with the
+//! general decoders alone ([`allocsim_trace::read_trace_whole`]), the reference the other paths
+//! are tested against. Every path gives the same answer.
+//!
+//! A pickle's first pass keeps the whole snapshot when it holds at most
+//! [`COMPACT_FIRST_ENTRIES`] entries (48 MiB of them;
+//! [`allocsim_trace::pickle_stream::PickleFile::first_pass`]), so a small file is read once: its
+//! entries are replayed from memory, in one pass when that gives the answer, else in memory
+//! (as a trace that starts mid-history needs). A larger file's first pass is a scan, and its
+//! entries are read again, streamed or compactly.
+//!
+//! Why a trace that starts mid-history is not streamed: its replay starts from the state
+//! `allocsim_replay::restore::reconstruct` undoes backwards from the final segments through the
+//! whole trace, and that state is then settled (`allocsim_replay::settle`: blocks freed in the
+//! trace but allocated before it are grown and the trace replayed again, up to 32 times), its
+//! budget inferred (`allocsim_replay::budget`, more replays) and its private pools searched
+//! (`allocsim_replay::pools`): each of these needs the whole trace, several times. The final
+//! segments do come first in the file, but the blocks live at the start are those the trace frees
+//! without having allocated them, which are known only at its end.
+
+use std::path::Path;
+
+use allocsim_replay::ReplaySummary;
+use allocsim_replay::stream::{StreamError, StreamInput, Streamed, replay_stream};
+use allocsim_trace::jsonl_stream::JsonlFile;
+use allocsim_trace::pickle_stream::{FirstPass, PickleFile, PickleScan};
+use allocsim_trace::{Action, Snapshot, TraceEntry};
+
+use crate::error::trace_error;
+use crate::replay::{ReplayAnswer, ReplayOptions};
+use crate::{Error, Trace};
+
+/// A trace file read into memory: by [`allocsim_trace::read_trace`] (a torch-shaped pickle by
+/// the stream's machine), or with `whole` by the general decoders alone. Its error names it.
+pub fn read_trace(path: &Path, whole: bool) -> Result<Snapshot, Error> {
+    let r = if whole { allocsim_trace::read_trace_whole(path) } else { allocsim_trace::read_trace(path) };
+    r.map_err(|e| trace_error(&path.display().to_string(), e))
+}
+
+/// At most this many entries, a pickle's first pass keeps them all (see the module
+/// documentation).
+pub const COMPACT_FIRST_ENTRIES: u64 = 1 << 20;
+
+/// Where [`replay_file`] reads its traces, and how.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplayFile<'a> {
+    pub path: &'a Path,
+    /// Another recorded run of the same requests, whose segment addresses the replay takes.
+    pub addresses_from: Option<&'a Path>,
+    /// Read the traces whole with the general decoders before replaying (see the module
+    /// documentation).
+    pub in_memory: bool,
+    /// A pickle's first pass keeps its entries when there are at most this many
+    /// ([`COMPACT_FIRST_ENTRIES`]; 0: never, every pickle is scanned first).
+    pub compact_first: u64,
+}
+
+impl<'a> ReplayFile<'a> {
+    /// `path`, replayed the default way.
+    pub fn new(path: &'a Path) -> ReplayFile<'a> {
+        ReplayFile { path, addresses_from: None, in_memory: false, compact_first: COMPACT_FIRST_ENTRIES }
+    }
+}
+
+/// Above this size on disk, a trace that is replayed in memory after all says why (`note`).
+const NOTE_FALLBACK_ABOVE: u64 = 1 << 30;
+
+/// `replay` of a trace file (see the module documentation): every device with entries, or
+/// `options.device`. `note` hears what the command line prints as notes: why a file over 1 GiB
+/// is replayed in memory rather than streamed.
+pub fn replay_file(f: ReplayFile<'_>, options: &ReplayOptions, note: &mut dyn FnMut(&str)) -> Result<ReplayAnswer, Error> {
+    let name = f.path.display().to_string();
+    let mut read = None;
+    if !f.in_memory && f.addresses_from.is_none() && options.placements.is_none() {
+        let streamed = if let Some(file) = JsonlFile::open(f.path).map_err(|e| trace_error(&name, e))? {
+            stream_jsonl(&file, options, note)?
+        } else if let Some(file) = PickleFile::open(f.path).map_err(|e| trace_error(&name, e))? {
+            match file.first_pass(f.compact_first) {
+                Ok(FirstPass::Whole(snap)) => {
+                    let v = stream_snapshot(&snap, f.path, file.len(), options, note)?;
+                    read = Some(snap);
+                    v
+                }
+                Ok(FirstPass::Scan(scan)) => stream_pickle(&file, scan, options, note)?,
+                Err(e) => {
+                    fallback_note(f.path, file.len(), &e.to_string(), note);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        if let Some(v) = streamed {
+            return Ok(ReplayAnswer::new(&name, options.clone(), v));
+        }
+    }
+    let snap = match read {
+        Some(s) => s,
+        None => read_trace(f.path, f.in_memory)?,
+    };
+    let other = f.addresses_from.map(|p| read_trace(p, f.in_memory)).transpose()?;
+    crate::replay::replay(Trace { name: &name, snapshot: &snap }, other.as_ref(), options)
+}
+
+/// Replays a snapshot already read (a pickle's first pass) in one pass over its entries, as they
+/// would have been streamed; `None` when only the in-memory replay gives the answer.
+fn stream_snapshot(snap: &Snapshot, path: &Path, len: u64, options: &ReplayOptions, note: &mut dyn FnMut(&str)) -> Result<Option<Vec<ReplaySummary>>, Error> {
+    let bare = |e: &TraceEntry| TraceEntry { stack: 0, meta: 0, ..*e };
+    let segment_entries: Vec<Vec<TraceEntry>> = snap
+        .device_traces
+        .iter()
+        .map(|t| t.iter().filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)).map(bare).collect())
+        .collect();
+    let input = StreamInput { settings: &snap.settings, devices: Some(snap.device_traces.len()), segments: &snap.segments, segment_entries: &segment_entries };
+    let events = || {
+        let it = snap.device_traces.iter().enumerate().flat_map(move |(d, t)| t.iter().map(move |e| Ok((d, bare(e)))));
+        Ok::<_, std::convert::Infallible>(it)
+    };
+    match replay_stream(&input, &options.spec(None), events) {
+        Ok(Streamed::Done(v)) => Ok(Some(v)),
+        Ok(Streamed::Fallback(why)) => {
+            fallback_note(path, len, &why, note);
+            Ok(None)
+        }
+        Err(StreamError::Read(e)) => match e {},
+        Err(StreamError::Run(e)) => Err(e.into()),
+    }
+}
+
+/// Says why a large file is replayed in memory.
+fn fallback_note(path: &Path, len: u64, why: &str, note: &mut dyn FnMut(&str)) {
+    if len > NOTE_FALLBACK_ABOVE {
+        note(&format!("{}: replaying in memory ({why})", path.display()));
+    }
+}
+
+/// Replays a JSON Lines trace in one pass over its events (after a first pass for its final
+/// segments); `None` when only the in-memory replay gives the answer.
+fn stream_jsonl(file: &JsonlFile, options: &ReplayOptions, note: &mut dyn FnMut(&str)) -> Result<Option<Vec<ReplaySummary>>, Error> {
+    let path = file.path();
+    let name = path.display().to_string();
+    let scan = file.scan().map_err(|e| trace_error(&name, e))?;
+    let input = StreamInput {
+        settings: &scan.header.settings,
+        devices: scan.header.devices,
+        segments: &scan.segments,
+        segment_entries: &scan.segment_entries,
+    };
+    match replay_stream(&input, &options.spec(None), || file.events()) {
+        Ok(Streamed::Done(v)) => Ok(Some(v)),
+        Ok(Streamed::Fallback(why)) => {
+            fallback_note(path, file.len(), &why, note);
+            Ok(None)
+        }
+        Err(StreamError::Read(e)) => Err(trace_error(&name, e)),
+        Err(StreamError::Run(e)) => Err(e.into()),
+    }
+}
+
+/// Replays a snapshot pickle in one pass over its entries (after `scan`, the first pass: its
+/// segments, segment events and settings); `None` when only the in-memory replay gives the answer: a shape
+/// the stream does not read, an invalid file (whose error the general decoder reports), or a
+/// question one pass cannot answer.
+fn stream_pickle(file: &PickleFile, scan: PickleScan, options: &ReplayOptions, note: &mut dyn FnMut(&str)) -> Result<Option<Vec<ReplaySummary>>, Error> {
+    let path = file.path();
+    let input = StreamInput {
+        settings: &scan.settings,
+        devices: Some(scan.devices),
+        segments: &scan.segments,
+        segment_entries: &scan.segment_entries,
+    };
+    match replay_stream(&input, &options.spec(None), || file.events()) {
+        Ok(Streamed::Done(v)) => Ok(Some(v)),
+        Ok(Streamed::Fallback(why)) => {
+            fallback_note(path, file.len(), &why, note);
+            Ok(None)
+        }
+        // Whatever the stream could not read, the other decoders read or name.
+        Err(StreamError::Read(e)) => {
+            fallback_note(path, file.len(), &e.to_string(), note);
+            Ok(None)
+        }
+        Err(StreamError::Run(e)) => Err(e.into()),
+    }
+}
