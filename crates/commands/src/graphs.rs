@@ -83,7 +83,7 @@ impl Answer for GraphsAnswer {
         writeln!(out, "{}: {} captures into graph pool ({}, {}) at batch sizes {}", self.name, f.recorded.len(), f.pool.0, f.pool.1, list(&recorded))?;
         writeln!(
             out,
-            "  each round (batch size {} read): {} requests, {} of them in the graph pool, {} empty_cache() call{}",
+            "  each round (as the one at batch size {} makes it): {} requests, {} of them in the graph pool, {} empty_cache() call{}",
             pat.from_batch,
             pat.requests,
             pat.pool_requests,

@@ -91,7 +91,7 @@ impl std::fmt::Display for GraphsError {
 impl std::error::Error for GraphsError {}
 
 use allocsim_model::AllocatorConfig;
-use allocsim_replay::Prepared;
+use allocsim_replay::{OutsideMemory, Prepared};
 use allocsim_replay::run::Limits;
 use serde::Serialize;
 
@@ -180,6 +180,14 @@ pub struct GraphsAnswer {
 /// Learns the captures of `p` and predicts `q`.
 pub fn predict(p: &Prepared, q: &Question<'_>) -> Result<GraphsAnswer, GraphsError> {
     let rec = learn(p, q.captured)?;
+    // Memory held outside the allocator that changed over the trace (a neighbour process, read
+    // from OOM entries) is given by the trace's request numbers, which synthesized rounds do not
+    // follow: the most it held applies throughout.
+    let limits = match q.limits.outside.steps.len() {
+        0 | 1 => q.limits.clone(),
+        _ => Limits { capacity: q.limits.capacity, outside: OutsideMemory { steps: vec![(0, q.limits.outside.max())] } },
+    };
+    let q = &Question { limits: &limits, ..q.clone() };
     let own = predict::recorded_readings(p, &rec);
     let recorded: Vec<RecordedCapture> = rec
         .rounds

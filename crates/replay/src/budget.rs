@@ -460,17 +460,22 @@ pub fn reproduces(o: &ReplayOutcome, trace: &[TraceEntry]) -> bool {
 /// collection's, release less than the `empty_cache()` the replay takes them for). A trace that
 /// replays exactly, or differs otherwise, gets no budget.
 pub fn budget_may_explain(recorded: &[TraceEntry], simulated: &[crate::replay::SegmentEvent], recorded_ooms: bool) -> bool {
-    let same = |a: &TraceEntry, b: &crate::replay::SegmentEvent| (a.action.as_str(), a.addr, a.size) == (b.action, b.addr, b.size);
-    let Some(i) = (0..recorded.len().max(simulated.len())).find(|&i| match (recorded.get(i), simulated.get(i)) {
-        (Some(a), Some(b)) => !same(a, b),
-        _ => true,
-    }) else {
+    let Some(i) = first_difference(recorded, simulated) else {
         return false;
     };
     // Without a maximum the model takes a release run it does not make itself for an
     // `empty_cache()`, which releases every free segment: a maximum changes a release there. A
     // release the replay cannot make at all (the segment is not free in it) is no budget's doing.
     recorded_ooms || simulated.get(i).is_some_and(|b| matches!(b.action, "segment_free" | "segment_unmap"))
+}
+
+/// The first recorded segment event (action, address, size) a replay's differs from, if any.
+pub fn first_difference(recorded: &[TraceEntry], simulated: &[crate::replay::SegmentEvent]) -> Option<usize> {
+    let same = |a: &TraceEntry, b: &crate::replay::SegmentEvent| (a.action.as_str(), a.addr, a.size) == (b.action, b.addr, b.size);
+    (0..recorded.len().max(simulated.len())).find(|&i| match (recorded.get(i), simulated.get(i)) {
+        (Some(a), Some(b)) => !same(a, b),
+        _ => true,
+    })
 }
 
 /// What the trace shows at each request: the reserved bytes before its entry, and (for a

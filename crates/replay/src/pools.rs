@@ -21,7 +21,7 @@
 //!   (`seed_from_releases`): `release_blocks` frees a pool's segments sorted by (stream, size,
 //!   address), a MemPool destructor's `emptyCache(id)` small before large, `empty_cache()` the
 //!   default pools large before small; so each run splits into ascending pieces, read as pools
-//!   and a default tail, run by run, repeated until no run changes (a pool released only at the
+//!   and a default head or tail, run by run, repeated until no run changes (a pool released only at the
 //!   end decides requests made long before). Of the two searches, the one that reproduces the
 //!   trace further is kept; where both reproduce it as far, the one with fewer private pools.
 //! * **Ids.** A pool with a segment alive at the end has that id; the others get MemPool ids
@@ -663,11 +663,21 @@ fn seed_from_releases(
         } else {
             tails.push(1);
         }
+        // How many leading pieces fit `empty_cache()` before the freeable pools and destructors
+        // after it: the default pools' large, then small.
+        let mut heads = Vec::new();
+        if n >= 2 && !pieces[0].0 && pieces[1].0 {
+            heads.push(2);
+        }
+        if n >= 2 {
+            heads.push(1);
+        }
         let mut options: Vec<Vec<Label>> = vec![vec![Label::Default; n]];
-        for &t in &tails {
+        let splits = tails.iter().map(|&t| (0, t)).chain(heads.iter().map(|&h| (h, 0)));
+        for (h, t) in splits {
             let mut labels = vec![Label::Default; n];
             let mut g = plan.groups.len() as u32;
-            let mut k = 0;
+            let mut k = h;
             while k < n - t {
                 labels[k] = Label::Pool(g);
                 if pieces[k].0 && k + 1 < n - t && !pieces[k + 1].0 {

@@ -228,6 +228,19 @@ where
     Ok(if again { Pass::Again(learned) } else { Pass::Done(out) })
 }
 
+/// Whether the segment events show a private pool's release: a small-pool segment (2 MiB)
+/// released right before a larger one. The default pools never release in that order
+/// (`empty_cache()` and an OOM's retry release the large pool first, a malloc's own releases only
+/// large segments); a MemPool destructor's `emptyCache(id)` and a freeable pool's release do.
+fn private_pool_signature(segment_entries: &[TraceEntry]) -> bool {
+    segment_entries.windows(2).any(|w| {
+        w[0].action == Action::SegmentFree
+            && w[1].action == Action::SegmentFree
+            && w[0].size == allocsim_model::constants::K_SMALL_BUFFER
+            && w[1].size > allocsim_model::constants::K_SMALL_BUFFER
+    })
+}
+
 /// An op waiting for the lookahead its decision needs.
 struct Queued {
     op: Op,
@@ -483,6 +496,15 @@ impl<'a> DeviceStream<'a> {
         {
             // The trace's own replay needs its memory budget inferred, which takes the whole trace.
             let why = format!("device {}'s own replay needs the memory budget inferred from its whole trace", self.device);
+            return Ok((Finished::Fallback(why), seen));
+        }
+        if self.own_settings
+            && private_pool_signature(self.segment_entries)
+            && crate::budget::first_difference(self.segment_entries, self.own.segment_events()).is_some()
+        {
+            // The in-memory replay then searches for private pools (gone before the snapshot, so
+            // not in the final segments), which takes the whole trace.
+            let why = format!("device {}'s own replay differs from its recorded segment events: private pools are inferred from the whole trace", self.device);
             return Ok((Finished::Fallback(why), seen));
         }
         self.own.complete_held();
