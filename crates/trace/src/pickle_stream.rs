@@ -719,16 +719,22 @@ impl Vm {
     }
 
     /// Makes at least `n` bytes available at `pos` (fewer only at the end of the input): moves
-    /// what is left to the front of the buffer and reads until it is full.
+    /// what is left to the front of the buffer and reads until it is full. The buffer grows with
+    /// the bytes that arrive, not with `n`: a length an invalid file declares costs no more
+    /// memory than the file holds.
     #[cold]
     fn refill(&mut self, n: usize) -> Result<(), TraceError> {
         self.buf.copy_within(self.pos..self.end, 0);
         self.end -= self.pos;
         self.pos = 0;
-        if self.buf.len() < n.max(2 * CHUNK) {
-            self.buf.resize(n.max(2 * CHUNK), 0);
+        if self.buf.len() < 2 * CHUNK {
+            self.buf.resize(2 * CHUNK, 0);
         }
         while self.end < n.max(CHUNK) && !self.eof {
+            if self.end == self.buf.len() {
+                let more = (n - self.end).min(self.buf.len());
+                self.buf.resize(self.buf.len() + more, 0);
+            }
             match self.input.read(&mut self.buf[self.end..]) {
                 Ok(0) => self.eof = true,
                 Ok(k) => self.end += k,
@@ -1251,7 +1257,11 @@ impl Vm {
                     }
                 }
                 0x95 => {
-                    self.bytes::<8>()?;
+                    // A frame must fit in what is left, as the whole-file decoder checks.
+                    let n = u64::from_le_bytes(self.bytes::<8>()?);
+                    if n > 0 {
+                        self.need(usize::try_from(n).unwrap_or(usize::MAX))?;
+                    }
                 }
                 b'.' => {
                     let v = self.pop()?;

@@ -230,3 +230,51 @@ fn a_frames_list_changed_later_is_refused() {
     let r: Result<Vec<_>, _> = file.events().unwrap().collect();
     assert!(matches!(r, Err(TraceError::Unstreamable(_))));
 }
+
+/// A `FRAME` that declares more bytes than remain: the whole-file decoder refuses the file, so the
+/// stream must not read it (found by mutating a fixture).
+#[test]
+fn a_frame_longer_than_the_file_is_refused() {
+    let mut raw = fixture("snap/torch_frames_p4.pickle");
+    assert_eq!(raw[2], 0x95, "protocol 4 starts with a FRAME");
+    raw[3..11].copy_from_slice(&3_053_487_903u64.to_le_bytes());
+    assert!(snapshot::from_pickle(&raw).is_err());
+    let file = PickleFile::from_bytes(raw);
+    assert!(matches!(file.compact(), Err(TraceError::Unstreamable(_))));
+    assert!(matches!(file.scan(), Err(TraceError::Unstreamable(_))));
+    let r: Result<Vec<_>, _> = file.events().unwrap().collect();
+    assert!(r.is_err());
+}
+
+/// Random damage to torch-shaped pickles (a few bytes changed, sometimes cut short): whatever the
+/// compact read accepts, the whole-file decoder reads to the very same snapshot.
+#[test]
+fn damaged_pickles_read_compactly_as_the_whole_file_decoder_reads_them() {
+    let mut x: u64 = 88_172_645_463_325_252;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for f in ["snap/torch_frames_p4.pickle", "snap/torch_frames_p2.pickle", "snap/small_p4.pickle"] {
+        let raw = fixture(f);
+        let mut read = 0;
+        for _ in 0..1500 {
+            let mut b = raw.clone();
+            for _ in 0..1 + rnd() % 4 {
+                let i = (rnd() % b.len() as u64) as usize;
+                b[i] = rnd() as u8;
+            }
+            if rnd() % 5 == 0 {
+                b.truncate((rnd() % b.len() as u64) as usize);
+            }
+            if let Ok(c) = PickleFile::from_bytes(&b[..]).compact() {
+                read += 1;
+                let w = snapshot::from_pickle(&b).unwrap_or_else(|e| panic!("{f}: the compact read accepts what the whole-file decoder refuses: {e}"));
+                assert_same_snapshot(&c, &w, f);
+            }
+        }
+        assert!(read > 0, "{f}: no damaged copy was read at all");
+    }
+}
