@@ -708,7 +708,7 @@ fn seed_from_releases(
                     t.labels[i as usize] = l;
                 }
             }
-            if labels.iter().zip(&current).all(|(a, b)| (*a == Label::Default) == (*b == Label::Default)) && same_grouping(&labels, &current) && best.is_some() {
+            if same_reading(&labels, &current) && best.is_some() {
                 chosen = chosen.or(Some((t, best.unwrap())));
                 continue;
             }
@@ -729,20 +729,7 @@ fn seed_from_releases(
             }
         }
     }
-    // The same reading up to group numbers: done.
-    let canon = |l: &[Label]| {
-        let mut seen: Vec<u32> = Vec::new();
-        l.iter()
-            .map(|x| match *x {
-                Label::Default => None,
-                Label::Pool(g) => Some(seen.iter().position(|&y| y == g).unwrap_or_else(|| {
-                    seen.push(g);
-                    seen.len() - 1
-                })),
-            })
-            .collect::<Vec<_>>()
-    };
-    if canon(&before) == canon(&plan.labels) || trials >= max_trials {
+    if same_reading(&before, &plan.labels) || trials >= max_trials {
         break;
     }
     }
@@ -771,9 +758,12 @@ fn worth_seeding(program: &Program) -> bool {
     program.ops.iter().any(|o| matches!(o, Op::ReleaseRun { start, end } if end > start))
 }
 
-/// Whether two labellings of the same pieces group them alike (group numbers aside).
-fn same_grouping(a: &[Label], b: &[Label]) -> bool {
-    (0..a.len()).all(|i| (0..a.len()).all(|j| (a[i] == a[j]) == (b[i] == b[j])))
+/// Whether two labellings are the same reading, group numbers aside: the same segments in the
+/// default pools, and the others grouped alike.
+fn same_reading(a: &[Label], b: &[Label]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| (*x == Label::Default) == (*y == Label::Default))
+        && (0..a.len()).all(|i| (0..a.len()).all(|j| (a[i] == a[j]) == (b[i] == b[j])))
 }
 
 /// Appends a line to the file `ALLOCSIM_DEBUG_POOLS` names, if set: the search's steps, for
