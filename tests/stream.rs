@@ -620,3 +620,53 @@ fn what_one_pass_cannot_answer_is_read_compactly_to_the_same_answer() {
     let n = fell_back.into_inner();
     assert!(n * 2 >= traces.len(), "only {n} of {} cut traces fell back to the in-memory replay", traces.len());
 }
+
+/// The replay beside the reader ([`Decoding::InStream`]: entries handed to a second thread in
+/// batches) answers as the replay on the reader's thread does: the same summaries; a read error
+/// reported only when the replay had not stopped before it; the reason it stopped, when it did
+/// (a free of a block the trace never allocated: mid-history) before the read error.
+#[test]
+fn the_replay_beside_the_reader_answers_as_on_one_thread() {
+    use Action::*;
+    use allocsim_replay::stream::{Decoding, StreamError, replay_stream_with};
+    const MB: u64 = 1 << 20;
+    let base = 0x7f00_0000_0000u64;
+    // 30 000 entries (several batches): allocations and frees in one segment.
+    let mut t = vec![entry(SegmentAlloc, base, 20 * MB, 0)];
+    for i in 0..10_000u64 {
+        let a = base + (i % 16) * MB;
+        t.push(entry(Alloc, a, MB, 3 * i as i64 + 1));
+        t.push(entry(FreeRequested, a, MB, 3 * i as i64 + 2));
+        t.push(entry(FreeCompleted, a, MB, 3 * i as i64 + 3));
+    }
+    let segment_entries = vec![vec![t[0]]];
+    let settings = allocsim_trace::RecordedSettings::default();
+    let input = StreamInput { settings: &settings, devices: Some(1), segments: &[], segment_entries: &segment_entries };
+    let spec = ReplaySpec::default();
+    // The trace with a read error at `error` and a free of a block never allocated at `mid`.
+    let run = |error: Option<usize>, mid: Option<usize>, decoding: Decoding| {
+        let mut entries: Vec<Result<(usize, TraceEntry), String>> = t.iter().map(|e| Ok((0, *e))).collect();
+        if let Some(k) = mid {
+            entries[k] = Ok((0, entry(FreeRequested, base + 19 * MB, MB, 3 * k as i64)));
+        }
+        if let Some(k) = error {
+            entries[k] = Err(format!("bad entry {k}"));
+        }
+        match replay_stream_with(&input, &spec, || Ok(entries.clone().into_iter()), decoding) {
+            Ok(Streamed::Done(v)) => format!("done {:?}", v.iter().map(|s| (s.requests, s.entries, s.outcome.peak_reserved)).collect::<Vec<_>>()),
+            Ok(Streamed::Fallback(why)) => format!("fallback: {why}"),
+            Err(StreamError::Read(e)) => format!("read error: {e}"),
+            Err(StreamError::Run(e)) => format!("error: {e}"),
+        }
+    };
+    let cases = [(None, None), (Some(25_000), None), (Some(25_000), Some(9_000)), (Some(9_000), Some(25_000)), (Some(1), None), (None, Some(29_999))];
+    let mut kinds = Vec::new();
+    for (error, mid) in cases {
+        let one = run(error, mid, Decoding::Done);
+        assert_eq!(run(error, mid, Decoding::InStream), one, "error at {error:?}, mid-history at {mid:?}");
+        kinds.push(one.split(' ').next().unwrap().to_string());
+    }
+    // What each case must say, on either thread.
+    assert_eq!(kinds, ["done", "read", "fallback:", "read", "read", "fallback:"]);
+    assert!(run(None, None, Decoding::Done).contains("10000"), "{}", run(None, None, Decoding::Done));
+}

@@ -30,7 +30,7 @@
 use std::path::Path;
 
 use allocsim_replay::ReplaySummary;
-use allocsim_replay::stream::{StreamError, StreamInput, Streamed, replay_stream};
+use allocsim_replay::stream::{Decoding, StreamError, StreamInput, Streamed, replay_stream, replay_stream_with};
 use allocsim_trace::jsonl_stream::JsonlFile;
 use allocsim_trace::pickle_stream::{FirstPass, PickleFile, PickleScan};
 use allocsim_trace::{Action, Snapshot, TraceEntry};
@@ -129,7 +129,8 @@ fn stream_snapshot(snap: &Snapshot, path: &Path, len: u64, options: &ReplayOptio
         let it = snap.device_traces.iter().enumerate().flat_map(move |(d, t)| t.iter().map(move |e| Ok((d, bare(e)))));
         Ok::<_, std::convert::Infallible>(it)
     };
-    match replay_stream(&input, &options.spec(None), events) {
+    // The entries are in memory: the replay runs on this thread.
+    match replay_stream_with(&input, &options.spec(None), events, Decoding::Done) {
         Ok(Streamed::Done(v)) => Ok(Some(v)),
         Ok(Streamed::Fallback(why)) => {
             fallback_note(path, len, &why, note);

@@ -100,7 +100,31 @@ impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for StreamError<E
 pub fn replay_stream<I, E>(
     input: &StreamInput<'_>,
     spec: &ReplaySpec<'_>,
+    open: impl FnMut() -> Result<I, E>,
+) -> Result<Streamed, StreamError<E>>
+where
+    I: Iterator<Item = Result<(usize, TraceEntry), E>>,
+{
+    replay_stream_with(input, spec, open, Decoding::InStream)
+}
+
+/// Where the entries of a stream are decoded, which decides where its replay runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decoding {
+    /// The iterator decodes (or decompresses) as it is advanced: the replay runs beside it, in a
+    /// thread of its own, and takes the entries in batches.
+    InStream,
+    /// The iterator yields entries already decoded (in memory, or by another thread): the replay
+    /// runs on the caller's thread.
+    Done,
+}
+
+/// [`replay_stream`], with the replay run where `decoding` says.
+pub fn replay_stream_with<I, E>(
+    input: &StreamInput<'_>,
+    spec: &ReplaySpec<'_>,
     mut open: impl FnMut() -> Result<I, E>,
+    decoding: Decoding,
 ) -> Result<Streamed, StreamError<E>>
 where
     I: Iterator<Item = Result<(usize, TraceEntry), E>>,
@@ -131,7 +155,12 @@ where
     let ctx = Ctx { input, spec, own, config, trace_capacity, own_settings };
     let mut cross: Vec<Option<bool>> = Vec::new();
     for _ in 0..2 {
-        match pass(&ctx, open().map_err(StreamError::Read)?, &cross)? {
+        let events = open().map_err(StreamError::Read)?;
+        let done = match decoding {
+            Decoding::InStream => pass_beside(&ctx, events, &cross)?,
+            Decoding::Done => pass(&ctx, events, &cross)?,
+        };
+        match done {
             Pass::Done(v) => return Ok(Streamed::Done(v)),
             Pass::Fallback(why) => return Ok(Streamed::Fallback(why)),
             Pass::Again(known) => cross = known,
@@ -172,60 +201,165 @@ enum Pass {
     Again(Vec<Option<bool>>),
 }
 
+/// Entries handed to the replay thread at a time.
+const BATCH: usize = 4096;
+
+/// One pass on the caller's thread.
 fn pass<I, E>(ctx: &Ctx<'_>, events: I, cross: &[Option<bool>]) -> Result<Pass, StreamError<E>>
 where
     I: Iterator<Item = Result<(usize, TraceEntry), E>>,
 {
-    let known = |d: usize| cross.get(d).copied().flatten();
-    let mut streams: Vec<Option<DeviceStream>> = Vec::new();
-    let mut highest: Option<usize> = None;
+    let mut r = Replayer::new(ctx, cross);
     for item in events {
         let (d, e) = item.map_err(StreamError::Read)?;
-        highest = Some(highest.map_or(d, |h| h.max(d)));
-        if ctx.spec.device.is_some_and(|w| w != d) {
-            continue;
-        }
-        if streams.len() <= d {
-            streams.resize_with(d + 1, || None);
-        }
-        let s = streams[d].get_or_insert_with(|| DeviceStream::new(ctx, d, known(d)));
-        if let Err(why) = s.push(e) {
-            return Ok(Pass::Fallback(why));
+        if !r.push(d, e) {
+            break;
         }
     }
-    if streams.iter().all(Option::is_none) {
-        // Without entries only the final state can be analysed, which the whole read does.
-        return Ok(Pass::Fallback("the trace has no entries".into()));
+    if let Some(why) = r.fallback {
+        return Ok(Pass::Fallback(why));
     }
-    let count = ctx.input.devices.unwrap_or(highest.map_or(0, |h| h + 1));
-    let run: Vec<usize> = match ctx.spec.device {
-        Some(d) => vec![d],
-        None => {
-            let with_entries: Vec<usize> = (0..streams.len()).filter(|&d| streams[d].is_some()).collect();
-            if with_entries.is_empty() {
-                vec![crate::devices::device_with_most_segments(ctx.input.segments).unwrap_or(0)]
-            } else {
-                with_entries
+    r.finish()
+}
+
+/// One pass: the caller's thread reads the stream (decoding, decompressing) and hands the entries
+/// in batches to a second thread, which replays them as they come; the answer is the one
+/// [`pass`] gives, entry for entry (the replay thread takes the entries in stream order, and a
+/// read error is reported only where the replay had not already stopped before it).
+fn pass_beside<I, E>(ctx: &Ctx<'_>, events: I, cross: &[Option<bool>]) -> Result<Pass, StreamError<E>>
+where
+    I: Iterator<Item = Result<(usize, TraceEntry), E>>,
+{
+    std::thread::scope(|scope| {
+        let (to_replay, batches) = std::sync::mpsc::sync_channel::<Vec<(usize, TraceEntry)>>(4);
+        let (give_back, returned) = std::sync::mpsc::channel::<Vec<(usize, TraceEntry)>>();
+        let replay = scope.spawn(move || {
+            let mut r = Replayer::new(ctx, cross);
+            for mut batch in batches {
+                let stopped = batch.drain(..).any(|(d, e)| !r.push(d, e));
+                if stopped {
+                    // Dropping the receiver tells the reader to stop.
+                    break;
+                }
+                // The reader may be gone already: then the batch is simply dropped.
+                let _ = give_back.send(batch);
+            }
+            r
+        });
+        let mut batch = Vec::with_capacity(BATCH);
+        let mut read_error = None;
+        for item in events {
+            match item {
+                Ok(x) => batch.push(x),
+                Err(e) => {
+                    read_error = Some(e);
+                    break;
+                }
+            }
+            if batch.len() == BATCH {
+                if to_replay.send(batch).is_err() {
+                    // The replay stopped: it falls back to the in-memory replay.
+                    batch = Vec::new();
+                    break;
+                }
+                batch = returned.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH));
             }
         }
-    };
-    let mut out = Vec::new();
-    let mut again = false;
-    let mut learned: Vec<Option<bool>> = vec![None; count.max(streams.len())];
-    for d in run {
-        if d >= count {
-            return Err(StreamError::Run(RunError::NoDevice(d, count)));
+        if !batch.is_empty() {
+            let _ = to_replay.send(batch);
         }
-        let s = streams.get_mut(d).and_then(Option::take).unwrap_or_else(|| DeviceStream::new(ctx, d, known(d)));
-        let (finished, seen) = s.finish().map_err(StreamError::Run)?;
-        learned[d] = Some(seen);
-        match finished {
-            Finished::Done(summary) => out.push(*summary),
-            Finished::Fallback(why) => return Ok(Pass::Fallback(why)),
-            Finished::Again => again = true,
+        drop(to_replay);
+        let r = match replay.join() {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        if let Some(why) = r.fallback {
+            return Ok(Pass::Fallback(why));
+        }
+        if let Some(e) = read_error {
+            return Err(StreamError::Read(e));
+        }
+        r.finish()
+    })
+}
+
+/// The replay side of [`pass`]: one [`DeviceStream`] per device the stream names.
+struct Replayer<'c, 'a> {
+    ctx: &'c Ctx<'a>,
+    cross: &'c [Option<bool>],
+    streams: Vec<Option<DeviceStream<'a>>>,
+    highest: Option<usize>,
+    /// Why the replay stopped: only the in-memory replay gives the answer.
+    fallback: Option<String>,
+}
+
+impl<'c, 'a> Replayer<'c, 'a> {
+    fn new(ctx: &'c Ctx<'a>, cross: &'c [Option<bool>]) -> Self {
+        Replayer { ctx, cross, streams: Vec::new(), highest: None, fallback: None }
+    }
+
+    fn known(&self, d: usize) -> Option<bool> {
+        self.cross.get(d).copied().flatten()
+    }
+
+    /// The next entry; `false`: the replay stopped (see `fallback`).
+    fn push(&mut self, d: usize, e: TraceEntry) -> bool {
+        self.highest = Some(self.highest.map_or(d, |h| h.max(d)));
+        if self.ctx.spec.device.is_some_and(|w| w != d) {
+            return true;
+        }
+        if self.streams.len() <= d {
+            self.streams.resize_with(d + 1, || None);
+        }
+        let known = self.known(d);
+        let ctx = self.ctx;
+        let s = self.streams[d].get_or_insert_with(|| DeviceStream::new(ctx, d, known));
+        match s.push(e) {
+            Ok(()) => true,
+            Err(why) => {
+                self.fallback = Some(why);
+                false
+            }
         }
     }
-    Ok(if again { Pass::Again(learned) } else { Pass::Done(out) })
+
+    fn finish<E>(mut self) -> Result<Pass, StreamError<E>> {
+        let ctx = self.ctx;
+        if self.streams.iter().all(Option::is_none) {
+            // Without entries only the final state can be analysed, which the whole read does.
+            return Ok(Pass::Fallback("the trace has no entries".into()));
+        }
+        let count = ctx.input.devices.unwrap_or(self.highest.map_or(0, |h| h + 1));
+        let run: Vec<usize> = match ctx.spec.device {
+            Some(d) => vec![d],
+            None => {
+                let with_entries: Vec<usize> = (0..self.streams.len()).filter(|&d| self.streams[d].is_some()).collect();
+                if with_entries.is_empty() {
+                    vec![crate::devices::device_with_most_segments(ctx.input.segments).unwrap_or(0)]
+                } else {
+                    with_entries
+                }
+            }
+        };
+        let mut out = Vec::new();
+        let mut again = false;
+        let mut learned: Vec<Option<bool>> = vec![None; count.max(self.streams.len())];
+        for d in run {
+            if d >= count {
+                return Err(StreamError::Run(RunError::NoDevice(d, count)));
+            }
+            let known = self.known(d);
+            let s = self.streams.get_mut(d).and_then(Option::take).unwrap_or_else(|| DeviceStream::new(ctx, d, known));
+            let (finished, seen) = s.finish().map_err(StreamError::Run)?;
+            learned[d] = Some(seen);
+            match finished {
+                Finished::Done(summary) => out.push(*summary),
+                Finished::Fallback(why) => return Ok(Pass::Fallback(why)),
+                Finished::Again => again = true,
+            }
+        }
+        Ok(if again { Pass::Again(learned) } else { Pass::Done(out) })
+    }
 }
 
 /// Whether the segment events show a private pool's release: a small-pool segment (2 MiB)
