@@ -12,6 +12,11 @@
 //! (and allowed maximum) infers the `empty_cache()` calls, the other applies them, which is what
 //! [`crate::run::run`] does in two passes.
 //!
+//! Where the entries are decoded as they are read ([`Decoding::InStream`]: a file), the reader
+//! keeps the caller's thread and the replay runs in a second one, which takes the entries in
+//! batches of [`BATCH`] (on two cores a pass then costs about the longer of the two rather than
+//! their sum); entries already in memory ([`Decoding::Done`]) are replayed on the caller's thread.
+//!
 //! What a stream needs before its entries comes from a first pass (for a JSON Lines file,
 //! `allocsim_trace::jsonl_stream::scan`): the recorded settings, the final segments (private
 //! pools) and the segment events (the recorded run's addresses).
