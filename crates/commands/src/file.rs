@@ -130,13 +130,37 @@ fn stream_snapshot(snap: &Snapshot, path: &Path, len: u64, options: &ReplayOptio
         Ok::<_, std::convert::Infallible>(it)
     };
     // The entries are in memory: the replay runs on this thread.
-    match replay_stream_with(&input, &options.spec(None), events, Decoding::Done) {
+    let r = replay_stream_with(&input, &options.spec(None), events, Decoding::Done);
+    answer_of(r, path, len, note, |e| match e {})
+}
+
+/// `replay_file`'s reading of a one-pass replay's outcome: the summaries, or `None` (only the
+/// in-memory replay answers; a large file says why), or the error. `read_error` says what a read
+/// error becomes: an error, or `None` (the file is read whole instead, by decoders that read it
+/// or name what is wrong with it).
+fn answer_of<E: std::fmt::Display>(
+    r: Result<Streamed, StreamError<E>>,
+    path: &Path,
+    len: u64,
+    note: &mut dyn FnMut(&str),
+    read_error: impl FnOnce(E) -> Option<Error>,
+) -> Result<Option<Vec<ReplaySummary>>, Error> {
+    match r {
         Ok(Streamed::Done(v)) => Ok(Some(v)),
         Ok(Streamed::Fallback(why)) => {
             fallback_note(path, len, &why, note);
             Ok(None)
         }
-        Err(StreamError::Read(e)) => match e {},
+        Err(StreamError::Read(e)) => {
+            let why = e.to_string();
+            match read_error(e) {
+                Some(err) => Err(err),
+                None => {
+                    fallback_note(path, len, &why, note);
+                    Ok(None)
+                }
+            }
+        }
         Err(StreamError::Run(e)) => Err(e.into()),
     }
 }
@@ -160,15 +184,8 @@ fn stream_jsonl(file: &JsonlFile, options: &ReplayOptions, note: &mut dyn FnMut(
         segments: &scan.segments,
         segment_entries: &scan.segment_entries,
     };
-    match replay_stream(&input, &options.spec(None), || file.events()) {
-        Ok(Streamed::Done(v)) => Ok(Some(v)),
-        Ok(Streamed::Fallback(why)) => {
-            fallback_note(path, file.len(), &why, note);
-            Ok(None)
-        }
-        Err(StreamError::Read(e)) => Err(trace_error(&name, e)),
-        Err(StreamError::Run(e)) => Err(e.into()),
-    }
+    let r = replay_stream(&input, &options.spec(None), || file.events());
+    answer_of(r, path, file.len(), note, |e| Some(trace_error(&name, e)))
 }
 
 /// Replays a snapshot pickle in one pass over its entries (after `scan`, the first pass: its
@@ -183,17 +200,7 @@ fn stream_pickle(file: &PickleFile, scan: PickleScan, options: &ReplayOptions, n
         segments: &scan.segments,
         segment_entries: &scan.segment_entries,
     };
-    match replay_stream(&input, &options.spec(None), || file.events()) {
-        Ok(Streamed::Done(v)) => Ok(Some(v)),
-        Ok(Streamed::Fallback(why)) => {
-            fallback_note(path, file.len(), &why, note);
-            Ok(None)
-        }
-        // Whatever the stream could not read, the other decoders read or name.
-        Err(StreamError::Read(e)) => {
-            fallback_note(path, file.len(), &e.to_string(), note);
-            Ok(None)
-        }
-        Err(StreamError::Run(e)) => Err(e.into()),
-    }
+    let r = replay_stream(&input, &options.spec(None), || file.events());
+    // Whatever the stream could not read, the other decoders read or name.
+    answer_of(r, path, file.len(), note, |_| None)
 }
