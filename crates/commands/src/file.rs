@@ -15,8 +15,12 @@
 //! [`COMPACT_FIRST_ENTRIES`] entries (48 MiB of them;
 //! [`allocsim_trace::pickle_stream::PickleFile::first_pass`]), so a small file is read once: its
 //! entries are replayed from memory, in one pass when that gives the answer, else in memory
-//! (as a trace that starts mid-history needs). A larger file's first pass is a scan, and its
-//! entries are read again, streamed or compactly.
+//! (as a trace that starts mid-history needs). While that first pass reads, a second thread
+//! already replays the entries it hands over, assuming torch's default settings (written after
+//! the traces) and learning the segment events as they come
+//! ([`allocsim_replay::stream::replay_speculating`]); when the file turns out to hold what that
+//! replay assumed, its answer is taken and the replay from memory is not needed. A larger
+//! file's first pass is a scan, and its entries are read again, streamed or compactly.
 //!
 //! Why a trace that starts mid-history is not streamed: its replay starts from the state
 //! `allocsim_replay::restore::reconstruct` undoes backwards from the final segments through the
@@ -30,10 +34,10 @@
 use std::path::Path;
 
 use allocsim_replay::ReplaySummary;
-use allocsim_replay::stream::{Decoding, StreamError, StreamInput, Streamed, replay_stream, replay_stream_with};
+use allocsim_replay::stream::{Decoding, Speculated, StreamError, StreamInput, Streamed, replay_speculating, replay_stream, replay_stream_with};
 use allocsim_trace::jsonl_stream::JsonlFile;
 use allocsim_trace::pickle_stream::{FirstPass, PickleFile, PickleScan};
-use allocsim_trace::{Action, Snapshot, TraceEntry};
+use allocsim_trace::{Action, RecordedSettings, Snapshot, TraceEntry, TraceError};
 
 use crate::error::trace_error;
 use crate::replay::{ReplayAnswer, ReplayOptions};
@@ -84,9 +88,17 @@ pub fn replay_file(f: ReplayFile<'_>, options: &ReplayOptions, note: &mut dyn Fn
         let streamed = if let Some(file) = JsonlFile::open(f.path).map_err(|e| trace_error(&name, e))? {
             stream_jsonl(&file, options, note)?
         } else if let Some(file) = PickleFile::open(f.path).map_err(|e| trace_error(&name, e))? {
-            match file.first_pass(f.compact_first) {
+            let (first, speculated) = first_pass_replaying(&file, f.compact_first, options);
+            match first {
                 Ok(FirstPass::Whole(snap)) => {
-                    let v = stream_snapshot(&snap, f.path, file.len(), options, note)?;
+                    let holds = speculated.as_ref().is_some_and(|s| s.holds_for(&snap));
+                    if let Some(path) = std::env::var_os("ALLOCSIM_DEBUG_SPECULATION") {
+                        let _ = std::fs::OpenOptions::new().append(true).open(path).and_then(|mut f| std::io::Write::write_all(&mut f, format!("holds: {holds}\n").as_bytes()));
+                    }
+                    let v = match speculated.filter(|_| holds) {
+                        Some(s) => Some(s.speculated.summaries),
+                        None => stream_snapshot(&snap, f.path, file.len(), options, note)?,
+                    };
                     read = Some(snap);
                     v
                 }
@@ -115,6 +127,72 @@ pub fn replay_file(f: ReplayFile<'_>, options: &ReplayOptions, note: &mut dyn Fn
     crate::replay::replay_owned(&name, snap, other.as_ref(), options)
 }
 
+/// A one-pass replay that ran beside a pickle's first pass, and what it assumed.
+struct Beside {
+    /// The final segments it started from.
+    segments: Vec<allocsim_trace::SnapshotSegment>,
+    speculated: Speculated,
+}
+
+impl Beside {
+    /// Whether what the replay assumed is what the file holds (see
+    /// [`allocsim_replay::stream::replay_speculating`]): then its answer is the one-pass replay's
+    /// of the snapshot read.
+    fn holds_for(&self, snap: &Snapshot) -> bool {
+        let learned = &self.speculated.segment_entries;
+        snap.settings == RecordedSettings::torch_default()
+            && snap.segments.len() == self.segments.len()
+            && snap.segments.iter().zip(&self.segments).all(|(s, early)| {
+                // (The segments read early do not keep their blocks' stacks.)
+                let mut s = s.clone();
+                s.blocks.iter_mut().for_each(|b| b.stack = 0);
+                s == *early
+            })
+            && learned.len() <= snap.device_traces.len()
+            && snap.device_traces.iter().enumerate().all(|(d, t)| {
+                let seen = learned.get(d).map_or(&[][..], |v| v.as_slice());
+                let recorded = t.iter().filter(|e| is_segment_event(e.action)).map(|e| TraceEntry { stack: 0, meta: 0, ..*e });
+                seen.iter().copied().eq(recorded)
+            })
+    }
+}
+
+fn is_segment_event(a: Action) -> bool {
+    matches!(a, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
+}
+
+/// A pickle's first pass ([`PickleFile::first_pass`], with at most `max_entries` entries kept),
+/// and beside it, in a second thread, the one-pass replay of the entries as the first pass reads
+/// them, assuming torch's default settings (which the file holds only after the traces). When
+/// the first pass read the whole snapshot and the assumptions hold ([`Beside::holds_for`]), that
+/// replay's answer is the answer, and the decoding and the replay took the time of the longer
+/// rather than of both. (`ALLOCSIM_DEBUG_SPECULATION=FILE` writes to FILE whether that replay
+/// answered, or why not, and whether what it assumed held.)
+fn first_pass_replaying(file: &PickleFile, max_entries: u64, options: &ReplayOptions) -> (Result<FirstPass, TraceError>, Option<Beside>) {
+    if max_entries == 0 {
+        return (file.first_pass(0), None);
+    }
+    let (tee, mut teed) = allocsim_trace::pickle_stream::tee();
+    let spec = options.spec(None);
+    std::thread::scope(|scope| {
+        let replay = scope.spawn(move || {
+            let segments = teed.segments()?;
+            let speculated = replay_speculating(&segments, &RecordedSettings::torch_default(), &spec, teed);
+            if let Some(path) = std::env::var_os("ALLOCSIM_DEBUG_SPECULATION") {
+                // (Not stderr: the command line holds its lock.)
+                let _ = std::fs::write(path, format!("{:?}\n", speculated.as_ref().map(|_| "answered")));
+            }
+            let speculated = speculated.ok()?;
+            Some(Beside { segments, speculated })
+        });
+        let first = file.first_pass_teed(max_entries, tee);
+        match replay.join() {
+            Ok(beside) => (first, beside),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
 /// Replays a snapshot already read (a pickle's first pass) in one pass over its entries, as they
 /// would have been streamed; `None` when only the in-memory replay gives the answer.
 fn stream_snapshot(snap: &Snapshot, path: &Path, len: u64, options: &ReplayOptions, note: &mut dyn FnMut(&str)) -> Result<Option<Vec<ReplaySummary>>, Error> {
@@ -122,7 +200,7 @@ fn stream_snapshot(snap: &Snapshot, path: &Path, len: u64, options: &ReplayOptio
     let segment_entries: Vec<Vec<TraceEntry>> = snap
         .device_traces
         .iter()
-        .map(|t| t.iter().filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)).map(bare).collect())
+        .map(|t| t.iter().filter(|e| is_segment_event(e.action)).map(bare).collect())
         .collect();
     let input = StreamInput { settings: &snap.settings, devices: Some(snap.device_traces.len()), segments: &snap.segments, segment_entries: &segment_entries };
     let events = || {

@@ -75,6 +75,8 @@ pub struct SimDevice {
     bump_up: u64,
     bump_down: u64,
     rng: u64,
+    /// [`Placement::Recorded`]: segments and reservations placed past the recorded addresses.
+    recorded_misses: u64,
 }
 
 impl SimDevice {
@@ -107,7 +109,28 @@ impl SimDevice {
             bump_up,
             bump_down: bump_up + (1 << 46),
             rng,
+            recorded_misses: 0,
         }
+    }
+
+    /// [`Placement::Recorded`]: more recorded addresses, after those it has (for a replay that
+    /// learns them as it goes). A lookup that finds an address among the first addresses of the
+    /// list finds the same one when the list is longer, so a replay that never misses
+    /// ([`SimDevice::recorded_misses`]) places every segment as it would knowing the whole list.
+    pub fn extend_recorded(&mut self, segments: &[(u64, u64)], reservations: &[u64]) {
+        if let Placement::Recorded { segments: all_segments, reservations: all_reservations } = &mut self.placement {
+            for &(addr, size) in segments {
+                self.recorded_by_size.entry(size).or_default().0.push((addr, false));
+            }
+            all_segments.extend_from_slice(segments);
+            all_reservations.extend_from_slice(reservations);
+        }
+    }
+
+    /// [`Placement::Recorded`]: how many segments and reservations were placed past the
+    /// recorded addresses (none left of their size, or all occupied).
+    pub fn recorded_misses(&self) -> u64 {
+        self.recorded_misses
     }
 
     pub fn total(&self) -> u64 {
@@ -169,7 +192,10 @@ impl SimDevice {
                         e.1 = true;
                         e.0
                     }
-                    None => self.bump(size),
+                    None => {
+                        self.recorded_misses += 1;
+                        self.bump(size)
+                    }
                 }
             }
             Placement::Ascending => self.bump(size),
@@ -223,6 +249,7 @@ impl Device for SimDevice {
                     return b;
                 }
             }
+            self.recorded_misses += 1;
             let a = self.bump(size);
             self.live.insert(a, a + size);
             return a;

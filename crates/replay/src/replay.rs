@@ -744,41 +744,80 @@ pub fn recorded_placement(trace: &[TraceEntry], device_memory: u64) -> Placement
 /// [`recorded_placement`] of a trace that starts from `initial`: its segments and reservations
 /// come first (in the order the replay restores them), and its reservations are live from the start.
 pub fn recorded_placement_from(trace: &[TraceEntry], device_memory: u64, initial: Option<&InitialState>) -> Placement {
-    let reservation = (device_memory + device_memory / 8).div_ceil(2 << 20) * (2 << 20);
     let mut segments = Vec::new();
     let mut reservations: Vec<u64> = Vec::new();
-    // Live reservations: (base, mapped bytes).
-    let mut live: Vec<(u64, u64)> = Vec::new();
+    let mut addresses = RecordedAddresses::new(device_memory);
     if let Some(init) = initial {
         let (segs, res) = init.placement_lists();
         segments.extend(segs);
         reservations.extend(&res);
         for s in init.segments.iter().filter(|s| s.expandable) {
-            live.push((s.addr, s.size));
+            addresses.live.push((s.addr, s.size));
         }
     }
     for e in trace {
-        match e.action {
-            Action::SegmentAlloc => segments.push((e.addr, e.size)),
-            Action::SegmentMap => match live.iter_mut().find(|(b, _)| e.addr >= *b && e.addr < *b + reservation) {
-                Some(r) => r.1 += e.size,
-                None => {
-                    reservations.push(e.addr);
-                    live.push((e.addr, e.size));
-                }
-            },
-            Action::SegmentUnmap => {
-                if let Some(i) = live.iter().position(|(b, _)| e.addr >= *b && e.addr < *b + reservation) {
-                    live[i].1 = live[i].1.saturating_sub(e.size);
-                    if live[i].1 == 0 {
-                        live.remove(i);
-                    }
-                }
-            }
-            _ => {}
+        match addresses.push(e) {
+            Recorded::Segment(a, size) => segments.push((a, size)),
+            Recorded::Reservation(b) => reservations.push(b),
+            Recorded::Nothing => {}
         }
     }
     Placement::Recorded { segments, reservations }
+}
+
+/// What one entry adds to the recorded run's addresses ([`RecordedAddresses::push`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// A `cudaMalloc`'d segment: its address and size.
+    Segment(u64, u64),
+    /// An expandable segment's reservation: its base.
+    Reservation(u64),
+    Nothing,
+}
+
+/// The recorded run's addresses, entry by entry, in trace order: the segments `cudaMalloc`
+/// returned and the bases of the reservations expandable segments mapped into (a map outside
+/// every live reservation starts one). What [`recorded_placement_from`] lists, for a replay
+/// that learns them as it goes.
+#[derive(Clone, Debug)]
+pub struct RecordedAddresses {
+    /// A reservation's span: the device's memory and an eighth, in 2 MiB pages.
+    reservation: u64,
+    /// Live reservations: (base, mapped bytes).
+    live: Vec<(u64, u64)>,
+}
+
+impl RecordedAddresses {
+    pub fn new(device_memory: u64) -> RecordedAddresses {
+        RecordedAddresses { reservation: (device_memory + device_memory / 8).div_ceil(2 << 20) * (2 << 20), live: Vec::new() }
+    }
+
+    pub fn push(&mut self, e: &TraceEntry) -> Recorded {
+        let reservation = self.reservation;
+        match e.action {
+            Action::SegmentAlloc => Recorded::Segment(e.addr, e.size),
+            Action::SegmentMap => match self.live.iter_mut().find(|(b, _)| e.addr >= *b && e.addr < *b + reservation) {
+                Some(r) => {
+                    r.1 += e.size;
+                    Recorded::Nothing
+                }
+                None => {
+                    self.live.push((e.addr, e.size));
+                    Recorded::Reservation(e.addr)
+                }
+            },
+            Action::SegmentUnmap => {
+                if let Some(i) = self.live.iter().position(|(b, _)| e.addr >= *b && e.addr < *b + reservation) {
+                    self.live[i].1 = self.live[i].1.saturating_sub(e.size);
+                    if self.live[i].1 == 0 {
+                        self.live.remove(i);
+                    }
+                }
+                Recorded::Nothing
+            }
+            _ => Recorded::Nothing,
+        }
+    }
 }
 
 /// The placements `--placements N` tries, in order: the recorded run's addresses, ascending,

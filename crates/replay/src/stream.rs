@@ -157,7 +157,7 @@ where
     let trace_capacity = spec.trace_capacity_for(&own, &config);
     // No --capacity: the trace's own (`crate::run::Prepared::limits`).
     let own_settings = same_settings(&config, &own) && spec.capacity.or(trace_capacity) == trace_capacity;
-    let ctx = Ctx { input, spec, own, config, trace_capacity, own_settings };
+    let ctx = Ctx { input, speculating: false, spec, own, config, trace_capacity, own_settings };
     let mut cross: Vec<Option<bool>> = Vec::new();
     for _ in 0..2 {
         let events = open().map_err(StreamError::Read)?;
@@ -172,6 +172,56 @@ where
         }
     }
     Ok(Streamed::Fallback("the cross-stream frees could not be settled in two passes".into()))
+}
+
+/// What [`replay_speculating`] answered, and the segment events it learned, by device.
+#[derive(Debug)]
+pub struct Speculated {
+    pub summaries: Vec<ReplaySummary>,
+    pub segment_entries: Vec<Vec<TraceEntry>>,
+}
+
+/// A one-pass replay that starts before a first pass has read the file: with the final segments
+/// (torch writes them before the traces) and assumed settings (torch writes them after), the
+/// segment events learned as the entries come (each recorded address reaches the simulated
+/// device before the op that may take it). Its answer is [`replay_stream`]'s when what it
+/// assumed holds, which the caller checks once the file is read: the settings and the final
+/// segments are the file's, and the segment events are those returned. Itself it checks the
+/// rest: no segment was placed past the addresses learned so far (a replay that never misses
+/// places every segment as one knowing the whole list does), and the device's memory inferred
+/// from every segment event is the one assumed. `None` where it cannot answer so: final
+/// segments in private pools (their routing needs every `segment_alloc` first), a question one
+/// pass cannot answer, a trace that needs a second pass, or a failed assumption (the reason).
+pub fn replay_speculating<I, E>(segments: &[SnapshotSegment], settings: &RecordedSettings, spec: &ReplaySpec<'_>, events: I) -> Result<Speculated, String>
+where
+    I: Iterator<Item = Result<(usize, TraceEntry), E>>,
+{
+    if spec.addresses_from.is_some() || spec.placements.is_some() {
+        return Err("the question takes more than one pass".into());
+    }
+    if segments.iter().any(|s| s.pool_id != (0, 0)) {
+        return Err("final segments in private pools".into());
+    }
+    let (own, config) = spec.configs(settings).map_err(|e| e.to_string())?;
+    let input = StreamInput { settings, devices: None, segments, segment_entries: &[] };
+    let trace_capacity = spec.trace_capacity_for(&own, &config);
+    let own_settings = same_settings(&config, &own) && spec.capacity.or(trace_capacity) == trace_capacity;
+    let ctx = Ctx { input: &input, speculating: true, spec, own, config, trace_capacity, own_settings };
+    let mut r = Replayer::new(&ctx, &[]);
+    for item in events {
+        let (d, e) = item.map_err(|_| "a read error".to_string())?;
+        if !r.push(d, e) {
+            return Err(r.fallback.unwrap_or_default());
+        }
+    }
+    let learned = r.streams.iter().map(|s| s.as_ref().and_then(|s| s.speculation.as_ref()).map_or(Vec::new(), |sp| sp.seen.clone())).collect();
+    match r.finish::<E>() {
+        Ok(Pass::Done(summaries)) => Ok(Speculated { summaries, segment_entries: learned }),
+        Ok(Pass::Fallback(why)) => Err(why),
+        Ok(Pass::Again(_)) => Err("a second pass is needed (cross-stream frees learned late)".into()),
+        Err(StreamError::Run(e)) => Err(e.to_string()),
+        Err(StreamError::Read(_)) => Err("a read error".into()),
+    }
 }
 
 /// A device whose final segments hold segments or pages its segment events did not allocate
@@ -192,6 +242,8 @@ fn starts_with_segments(input: &StreamInput<'_>, only: Option<usize>) -> Option<
 
 struct Ctx<'a> {
     input: &'a StreamInput<'a>,
+    /// [`replay_speculating`]: the segment events are learned as the entries come.
+    speculating: bool,
     spec: &'a ReplaySpec<'a>,
     own: AllocatorConfig,
     config: AllocatorConfig,
@@ -434,6 +486,19 @@ enum Finished {
     Again,
 }
 
+/// What a speculating [`DeviceStream`] learns and assumed (see [`replay_speculating`]).
+struct Speculating {
+    seen: Vec<TraceEntry>,
+    /// Recorded addresses were learned (else the devices' lists are the whole trace's: empty).
+    learned: bool,
+    /// How many of the replay's segment events were found to be the recorded ones.
+    compared: usize,
+    addresses: crate::replay::RecordedAddresses,
+    memory: crate::budget::DeviceMemory,
+    segments: Vec<SnapshotSegment>,
+    large_segment_size: u64,
+}
+
 /// One device's replay as its entries come.
 struct DeviceStream<'a> {
     device: usize,
@@ -453,6 +518,10 @@ struct DeviceStream<'a> {
     /// The first pass's segment entries of this device, and how many the stream has matched.
     segment_entries: &'a [TraceEntry],
     segments_seen: usize,
+    /// [`replay_speculating`]: the segment entries seen so far, the recorded addresses they
+    /// give, and what the replay assumed (the device's memory, its final segments, the size of
+    /// a large segment) to check at the end.
+    speculation: Option<Box<Speculating>>,
     mid: MidHistory,
     empty_start: EmptyStart,
     recorded: RecordedMemory,
@@ -488,6 +557,17 @@ impl<'a> DeviceStream<'a> {
             None => crate::budget::infer_device_memory(segment_entries, &segments, ctx.own.large_segment_size),
         };
         let device_memory = memory.bytes;
+        let speculation = ctx.speculating.then(|| {
+            Box::new(Speculating {
+                seen: Vec::new(),
+                learned: false,
+                compared: 0,
+                addresses: crate::replay::RecordedAddresses::new(device_memory),
+                memory: memory.clone(),
+                segments: segments.clone(),
+                large_segment_size: ctx.own.large_segment_size,
+            })
+        });
         // A stream replays under the budget given or none: one that needs a budget inferred is
         // replayed in memory (see `crate::budget::streamed_reproduces`).
         let budget = match ctx.trace_capacity {
@@ -525,6 +605,7 @@ impl<'a> DeviceStream<'a> {
             check_only,
             segment_entries,
             segments_seen: 0,
+            speculation,
             mid: MidHistory::default(),
             empty_start: EmptyStart::new(&segments),
             recorded: RecordedMemory::default(),
@@ -553,7 +634,25 @@ impl<'a> DeviceStream<'a> {
         if self.check_only {
             return Ok(());
         }
-        if is_segment_event(e.action) {
+        if is_segment_event(e.action)
+            && let Some(sp) = &mut self.speculation
+        {
+            // Learned as it comes: the recorded address goes to the simulated devices before
+            // the op that may take it.
+            sp.seen.push(e);
+            let (segments, reservations): (&[(u64, u64)], &[u64]) = match sp.addresses.push(&e) {
+                crate::replay::Recorded::Segment(a, size) => (&[(a, size)], &[]),
+                crate::replay::Recorded::Reservation(b) => (&[], &[b]),
+                crate::replay::Recorded::Nothing => (&[], &[]),
+            };
+            if !segments.is_empty() || !reservations.is_empty() {
+                sp.learned = true;
+                self.own.alloc.device.extend_recorded(segments, reservations);
+                if let Some(t) = &mut self.target {
+                    t.alloc.device.extend_recorded(segments, reservations);
+                }
+            }
+        } else if is_segment_event(e.action) {
             if self.segment_entries.get(self.segments_seen) != Some(&e) {
                 return Err(format!("device {}'s segment events differ from the first pass's (the file changed?)", self.device));
             }
@@ -575,6 +674,19 @@ impl<'a> DeviceStream<'a> {
         let queue = &mut self.queue;
         self.builder.push(e, &mut |b| queue.push_back(b.into()));
         self.step(false);
+        if let Some(sp) = &mut self.speculation {
+            // A replay that leaves the recorded segment events (as a trace that starts
+            // mid-history does, or one under other settings than those assumed) stops at once:
+            // its answer would rarely be taken, and it would take the first pass's core.
+            let simulated = self.own.segment_events();
+            while sp.compared < sp.seen.len().min(simulated.len()) {
+                let (a, b) = (&sp.seen[sp.compared], &simulated[sp.compared]);
+                if (a.action.as_str(), a.addr, a.size) != (b.action, b.addr, b.size) {
+                    return Err(format!("device {}'s replay leaves its recorded segment events", self.device));
+                }
+                sp.compared += 1;
+            }
+        }
         Ok(())
     }
 
@@ -615,7 +727,27 @@ impl<'a> DeviceStream<'a> {
         self.builder.finish(&mut |b| queue.push_back(b.into()));
         self.step(true);
         let seen = self.builder.seen_cross_stream();
-        if self.segments_seen != self.segment_entries.len() {
+        let speculation = self.speculation.take();
+        if let Some(sp) = &speculation {
+            // What was assumed must be what the whole trace shows: no segment placed past the
+            // addresses learned (unless none were: then the devices' lists were the whole
+            // trace's, empty, all along), and the device's memory inferred from every segment
+            // event.
+            let misses = self.own.alloc.device.recorded_misses() + self.target.as_ref().map_or(0, |t| t.alloc.device.recorded_misses());
+            let misses = if sp.learned { misses } else { 0 };
+            let memory_holds = sp.memory.source == crate::budget::DeviceMemorySource::Given
+                || crate::budget::infer_device_memory(&sp.seen, &sp.segments, sp.large_segment_size) == sp.memory;
+            if misses > 0 || !memory_holds {
+                return Ok((Finished::Fallback("the speculation did not hold".into()), seen));
+            }
+            // The placement the summary reports: the whole recorded list, as a first pass gives it.
+            self.options.placement = recorded_placement_from(&sp.seen, self.device_memory, None);
+        }
+        let segment_entries: &[TraceEntry] = match &speculation {
+            Some(sp) => &sp.seen,
+            None => self.segment_entries,
+        };
+        if speculation.is_none() && self.segments_seen != self.segment_entries.len() {
             let why = format!("device {}'s segment events differ from the first pass's (the file changed?)", self.device);
             return Ok((Finished::Fallback(why), seen));
         }
@@ -630,16 +762,16 @@ impl<'a> DeviceStream<'a> {
             return Ok((Finished::Again, seen));
         }
         if self.budget.kind.is_none()
-            && !self.segment_entries.is_empty()
-            && crate::budget::budget_may_explain(self.segment_entries, self.own.segment_events(), !self.reserved_before_oom.is_empty())
+            && !segment_entries.is_empty()
+            && crate::budget::budget_may_explain(segment_entries, self.own.segment_events(), !self.reserved_before_oom.is_empty())
         {
             // The trace's own replay needs its memory budget inferred, which takes the whole trace.
             let why = format!("device {}'s own replay needs the memory budget inferred from its whole trace", self.device);
             return Ok((Finished::Fallback(why), seen));
         }
         if self.own_settings
-            && private_pool_signature(self.segment_entries)
-            && crate::budget::first_difference(self.segment_entries, self.own.segment_events()).is_some()
+            && private_pool_signature(segment_entries)
+            && crate::budget::first_difference(segment_entries, self.own.segment_events()).is_some()
         {
             // The in-memory replay then searches for private pools (gone before the snapshot, so
             // not in the final segments), which takes the whole trace.

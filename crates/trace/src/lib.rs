@@ -261,6 +261,21 @@ pub struct RecordedSettings {
     pub present: bool,
 }
 
+impl RecordedSettings {
+    /// What torch 2.11 records when `PYTORCH_CUDA_ALLOC_CONF` is unset (its `allocator_settings`
+    /// dict as read): the settings most snapshots have.
+    pub fn torch_default() -> RecordedSettings {
+        RecordedSettings {
+            alloc_conf: Some(String::new()),
+            max_split_size: Some(-1),
+            garbage_collection_threshold: Some(0.0),
+            expandable_segments: Some(false),
+            roundup_power2_divisions: (0..16).map(|k| (1u64 << k, 0)).collect(),
+            present: true,
+        }
+    }
+}
+
 /// A decoded memory snapshot: what `torch.cuda.memory._snapshot()` returned.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {

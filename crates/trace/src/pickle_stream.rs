@@ -656,6 +656,112 @@ struct Vm {
     frames_seen_bytes: usize,
     /// [`Mode::Collect`]: past this many entries, a scan ([`PickleFile::first_pass`]).
     max_entries: u64,
+    /// [`PickleFile::first_pass_teed`]: where the final segments and the entries also go as
+    /// they are read.
+    tee: Option<Tee>,
+}
+
+/// Entries handed to a [`TeeEvents`] at a time.
+const TEE_BATCH: usize = 4096;
+
+/// What a [`Tee`] sends.
+enum TeeMsg {
+    /// The final segments, read before the traces.
+    Segments(Vec<SnapshotSegment>),
+    Entries(Vec<(usize, TraceEntry)>),
+    /// The whole snapshot was read: the entries are all sent.
+    End,
+}
+
+/// The sending side of [`PickleFile::first_pass_teed`] (see [`tee`]).
+pub struct Tee {
+    tx: mpsc::Sender<TeeMsg>,
+    batch: Vec<(usize, TraceEntry)>,
+    /// The final segments were sent (or could not be).
+    segments_sent: bool,
+    /// The receiver is gone.
+    gone: bool,
+}
+
+impl Tee {
+    fn send(&mut self, m: TeeMsg) {
+        if !self.gone {
+            self.gone = self.tx.send(m).is_err();
+        }
+    }
+}
+
+/// A pair: the [`Tee`] that [`PickleFile::first_pass_teed`] sends to, and the [`TeeEvents`]
+/// that receives (on another thread).
+pub fn tee() -> (Tee, TeeEvents) {
+    let (tx, rx) = mpsc::channel();
+    let tee = Tee { tx, batch: Vec::with_capacity(TEE_BATCH), segments_sent: false, gone: false };
+    (tee, TeeEvents { rx, batch: Vec::new(), at: 0, ended: false, pending: None })
+}
+
+/// What a [`PickleFile::first_pass_teed`] reads, as it reads it: first the final segments
+/// ([`TeeEvents::segments`]), then the entries as `(device, entry)` (every `stack` and `meta` 0),
+/// in file order: what [`PickleFile::events`] yields for the same file. When the read fails or
+/// stops keeping entries (more than it keeps), the entries end with one
+/// [`TraceError::Unstreamable`]; they end without one only when the snapshot was read whole.
+pub struct TeeEvents {
+    rx: mpsc::Receiver<TeeMsg>,
+    batch: Vec<(usize, TraceEntry)>,
+    at: usize,
+    ended: bool,
+    /// A message [`TeeEvents::segments`] received that was not the segments.
+    pending: Option<TeeMsg>,
+}
+
+impl TeeEvents {
+    /// The final segments, when the file holds them before the traces (waits for them); `None`
+    /// otherwise (the entries can still be read).
+    pub fn segments(&mut self) -> Option<Vec<SnapshotSegment>> {
+        match self.rx.recv() {
+            Ok(TeeMsg::Segments(s)) => Some(s),
+            Ok(m) => {
+                self.pending = Some(m);
+                None
+            }
+            Err(_) => None,
+        }
+    }
+}
+
+impl Iterator for TeeEvents {
+    type Item = Result<(usize, TraceEntry), TraceError>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.at < self.batch.len() {
+                self.at += 1;
+                return Some(Ok(self.batch[self.at - 1]));
+            }
+            if self.ended {
+                return None;
+            }
+            self.at = 0;
+            let m = match self.pending.take() {
+                Some(m) => Ok(m),
+                None => self.rx.recv(),
+            };
+            match m {
+                Ok(TeeMsg::Entries(b)) => self.batch = b,
+                Ok(TeeMsg::Segments(_)) => {}
+                Ok(TeeMsg::End) => {
+                    self.batch.clear();
+                    self.ended = true;
+                    return None;
+                }
+                Err(_) => {
+                    self.batch.clear();
+                    self.ended = true;
+                    return Some(Err(TraceError::Unstreamable("the first pass stopped keeping entries".into())));
+                }
+            }
+        }
+    }
 }
 
 const GENERIC_SEQ: u64 = u64::MAX - 1;
@@ -715,6 +821,7 @@ impl Vm {
             frames_seen: HashMap::default(),
             frames_seen_bytes: 0,
             max_entries: u64::MAX,
+            tee: None,
         }
     }
 
@@ -899,6 +1006,16 @@ impl Vm {
                     return unstreamable("two device_traces lists");
                 }
                 self.traces_made = true;
+                if let Some(t) = &mut self.tee
+                    && !t.segments_sent
+                {
+                    t.segments_sent = true;
+                    if let Some(segments) = self.early_segments()
+                        && let Some(t) = &mut self.tee
+                    {
+                        t.send(TeeMsg::Segments(segments));
+                    }
+                }
                 self.stack.push(V::DeviceTraces);
             }
             _ => {
@@ -1171,8 +1288,19 @@ impl Vm {
                     self.traces.resize_with(d + 1, Vec::new);
                 }
                 self.traces[d].push(e);
+                if let Some(t) = &mut self.tee
+                    && !t.gone
+                {
+                    t.batch.push((d, TraceEntry { stack: 0, meta: 0, ..e }));
+                    if t.batch.len() == TEE_BATCH {
+                        let full = std::mem::replace(&mut t.batch, Vec::with_capacity(TEE_BATCH));
+                        t.send(TeeMsg::Entries(full));
+                    }
+                }
             }
             Mode::Collect => {
+                // Dropping the tee ends its entries with an error.
+                self.tee = None;
                 // More entries than [`PickleFile::first_pass`] keeps: a scan from here on.
                 self.mode = Mode::Scan;
                 for (d, t) in std::mem::take(&mut self.traces).into_iter().enumerate() {
@@ -1771,6 +1899,24 @@ impl Vm {
     }
 
     /// The segments, settings and annotations as [`crate::snapshot`] reads them.
+    /// The final segments, read before `device_traces` (the value under `segments` among the
+    /// top-level dict's items on the stack): what [`Vm::header`] gives at the end, unless the
+    /// file changes them later (the caller checks).
+    fn early_segments(&self) -> Option<Vec<SnapshotSegment>> {
+        // Set already (one `SETITEM` a key), or among the items of the top-level `SETITEMS`.
+        let v = if self.top[0] != V::Absent {
+            self.top[0]
+        } else {
+            let items = self.stack.get(*self.marks.last()?..)?;
+            items.chunks_exact(2).find(|p| p[0] == V::Word(W_SEGMENTS))?[1]
+        };
+        let mut t = Translate { vm: self, seqs: Vec::new(), dicts: Vec::new(), seq_ids: HashMap::new(), dict_ids: HashMap::new() };
+        let value = t.value(v, 0).ok()?;
+        let Translate { seqs, dicts, .. } = t;
+        let d = pickle::Decoded::from_parts(&self.strs, seqs, dicts, Value::None);
+        crate::snapshot::header_from_decoded(&d, Some(value), None, None).ok().map(|(segments, _)| segments)
+    }
+
     fn header(&self) -> Result<(Vec<SnapshotSegment>, RecordedSettings), TraceError> {
         let mut t = Translate { vm: self, seqs: Vec::new(), dicts: Vec::new(), seq_ids: HashMap::new(), dict_ids: HashMap::new() };
         let mut vals = [None; 4];
@@ -2033,6 +2179,30 @@ impl PickleFile {
         vm.run()?;
         if vm.mode == Mode::Collect {
             return vm.into_snapshot().map(FirstPass::Whole);
+        }
+        vm.into_scan().map(FirstPass::Scan)
+    }
+
+    /// [`PickleFile::first_pass`], also sending to `tee` what it reads as it reads it: the final
+    /// segments when they come before the traces, then the entries ([`TeeEvents`]), for a replay
+    /// on another thread that starts before the first pass ends. The entries end without an
+    /// error only when the snapshot was read whole ([`FirstPass::Whole`]).
+    pub fn first_pass_teed(&self, max_entries: u64, tee: Tee) -> Result<FirstPass, TraceError> {
+        let mut vm = Vm::new(self.input()?, Mode::Collect);
+        vm.max_entries = max_entries;
+        vm.tee = Some(tee);
+        vm.run()?;
+        if vm.mode == Mode::Collect {
+            let tee = vm.tee.take();
+            let snap = vm.into_snapshot()?;
+            if let Some(mut t) = tee {
+                if !t.batch.is_empty() {
+                    let rest = std::mem::take(&mut t.batch);
+                    t.send(TeeMsg::Entries(rest));
+                }
+                t.send(TeeMsg::End);
+            }
+            return Ok(FirstPass::Whole(snap));
         }
         vm.into_scan().map(FirstPass::Scan)
     }

@@ -59,6 +59,36 @@ fn check(file: &PickleFile, whole: &Snapshot, what: &str) {
             assert_eq!(file.first_pass(max).unwrap(), FirstPass::Scan(scan.clone()), "{what}: first pass of at most {max} entries");
         }
     }
+    // Teed: the same first pass, and beside it, as they are read, the final segments (torch
+    // writes them before the traces) and the entries, which end with an error when the pass
+    // stops keeping them.
+    let flat: Vec<(usize, TraceEntry)> = bare.iter().enumerate().flat_map(|(d, t)| t.iter().map(move |e| (d, *e))).collect();
+    for max in [n, n.saturating_sub(1)] {
+        let (tee, mut teed) = allocsim_trace::pickle_stream::tee();
+        let (first, early, items) = std::thread::scope(|s| {
+            let h = s.spawn(move || {
+                let early = teed.segments();
+                let items: Vec<Result<(usize, TraceEntry), TraceError>> = teed.collect();
+                (early, items)
+            });
+            let first = file.first_pass_teed(max, tee).unwrap_or_else(|e| panic!("{what}: teed first pass: {e}"));
+            let (early, items) = h.join().unwrap();
+            (first, early, items)
+        });
+        assert_eq!(first, file.first_pass(max).unwrap(), "{what}: teed first pass of at most {max} entries");
+        if let Some(early) = early {
+            assert_eq!(early, want_segments, "{what}: the segments read before the traces");
+        }
+        if max >= n {
+            let got: Vec<(usize, TraceEntry)> = items.into_iter().map(|i| i.unwrap_or_else(|e| panic!("{what}: teed entries: {e}"))).collect();
+            assert_eq!(got, flat, "{what}: teed entries");
+        } else {
+            let (last, ok) = items.split_last().expect("an error at the end");
+            assert!(last.is_err(), "{what}: teed entries of a first pass that stopped keeping them end with an error");
+            let ok: Vec<(usize, TraceEntry)> = ok.iter().map(|i| *i.as_ref().unwrap()).collect();
+            assert!(ok.len() <= max as usize && flat.starts_with(&ok), "{what}: teed entries before the error");
+        }
+    }
 }
 
 /// `a` equals `b`, the first difference named.
