@@ -792,6 +792,7 @@ impl RecordedAddresses {
         RecordedAddresses { reservation: (device_memory + device_memory / 8).div_ceil(2 << 20) * (2 << 20), live: Vec::new() }
     }
 
+    #[inline]
     pub fn push(&mut self, e: &TraceEntry) -> Recorded {
         let reservation = self.reservation;
         match e.action {
