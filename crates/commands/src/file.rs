@@ -37,7 +37,7 @@ use allocsim_replay::ReplaySummary;
 use allocsim_replay::stream::{Decoding, Speculated, StreamError, StreamInput, Streamed, replay_speculating, replay_stream, replay_stream_with};
 use allocsim_trace::jsonl_stream::JsonlFile;
 use allocsim_trace::pickle_stream::{FirstPass, PickleFile, PickleScan};
-use allocsim_trace::{Action, RecordedSettings, Snapshot, TraceEntry, TraceError};
+use allocsim_trace::{RecordedSettings, Snapshot, TraceEntry, TraceError};
 
 use crate::error::trace_error;
 use crate::replay::{ReplayAnswer, ReplayOptions};
@@ -151,14 +151,10 @@ impl Beside {
             && learned.len() <= snap.device_traces.len()
             && snap.device_traces.iter().enumerate().all(|(d, t)| {
                 let seen = learned.get(d).map_or(&[][..], |v| v.as_slice());
-                let recorded = t.iter().filter(|e| is_segment_event(e.action)).map(|e| TraceEntry { stack: 0, meta: 0, ..*e });
+                let recorded = t.iter().filter(|e| e.action.is_segment_event()).map(|e| TraceEntry { stack: 0, meta: 0, ..*e });
                 seen.iter().copied().eq(recorded)
             })
     }
-}
-
-fn is_segment_event(a: Action) -> bool {
-    matches!(a, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
 }
 
 /// A pickle's first pass ([`PickleFile::first_pass`], with at most `max_entries` entries kept),
@@ -200,7 +196,7 @@ fn stream_snapshot(snap: &Snapshot, path: &Path, len: u64, options: &ReplayOptio
     let segment_entries: Vec<Vec<TraceEntry>> = snap
         .device_traces
         .iter()
-        .map(|t| t.iter().filter(|e| is_segment_event(e.action)).map(bare).collect())
+        .map(|t| t.iter().filter(|e| e.action.is_segment_event()).map(bare).collect())
         .collect();
     let input = StreamInput { settings: &snap.settings, devices: Some(snap.device_traces.len()), segments: &snap.segments, segment_entries: &segment_entries };
     let events = || {

@@ -469,11 +469,15 @@ pub fn budget_may_explain(recorded: &[TraceEntry], simulated: &[crate::replay::S
     recorded_ooms || simulated.get(i).is_some_and(|b| matches!(b.action, "segment_free" | "segment_unmap"))
 }
 
+/// Whether a replay's segment event is the recorded one (action, address, size).
+pub fn same_segment_event(recorded: &TraceEntry, simulated: &crate::replay::SegmentEvent) -> bool {
+    (recorded.action.as_str(), recorded.addr, recorded.size) == (simulated.action, simulated.addr, simulated.size)
+}
+
 /// The first recorded segment event (action, address, size) a replay's differs from, if any.
 pub fn first_difference(recorded: &[TraceEntry], simulated: &[crate::replay::SegmentEvent]) -> Option<usize> {
-    let same = |a: &TraceEntry, b: &crate::replay::SegmentEvent| (a.action.as_str(), a.addr, a.size) == (b.action, b.addr, b.size);
     (0..recorded.len().max(simulated.len())).find(|&i| match (recorded.get(i), simulated.get(i)) {
-        (Some(a), Some(b)) => !same(a, b),
+        (Some(a), Some(b)) => !same_segment_event(a, b),
         _ => true,
     })
 }

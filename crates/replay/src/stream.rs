@@ -476,10 +476,6 @@ fn lookahead_ready(queue: &VecDeque<Queued>) -> bool {
     false
 }
 
-fn is_segment_event(a: Action) -> bool {
-    matches!(a, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
-}
-
 enum Finished {
     Done(Box<ReplaySummary>),
     Fallback(String),
@@ -634,7 +630,7 @@ impl<'a> DeviceStream<'a> {
         if self.check_only {
             return Ok(());
         }
-        if is_segment_event(e.action)
+        if e.action.is_segment_event()
             && let Some(sp) = &mut self.speculation
         {
             // Learned as it comes: the recorded address goes to the simulated devices before
@@ -652,7 +648,7 @@ impl<'a> DeviceStream<'a> {
                     t.alloc.device.extend_recorded(segments, reservations);
                 }
             }
-        } else if is_segment_event(e.action) {
+        } else if e.action.is_segment_event() {
             if self.segment_entries.get(self.segments_seen) != Some(&e) {
                 return Err(format!("device {}'s segment events differ from the first pass's (the file changed?)", self.device));
             }
@@ -680,8 +676,7 @@ impl<'a> DeviceStream<'a> {
             // its answer would rarely be taken, and it would take the first pass's core.
             let simulated = self.own.segment_events();
             while sp.compared < sp.seen.len().min(simulated.len()) {
-                let (a, b) = (&sp.seen[sp.compared], &simulated[sp.compared]);
-                if (a.action.as_str(), a.addr, a.size) != (b.action, b.addr, b.size) {
+                if !crate::budget::same_segment_event(&sp.seen[sp.compared], &simulated[sp.compared]) {
                     return Err(format!("device {}'s replay leaves its recorded segment events", self.device));
                 }
                 sp.compared += 1;

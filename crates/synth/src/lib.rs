@@ -910,14 +910,7 @@ impl Iterator for Synth {
 
 /// `allocator_settings` of a torch 2.11 run without `PYTORCH_CUDA_ALLOC_CONF`.
 pub fn settings() -> RecordedSettings {
-    RecordedSettings {
-        alloc_conf: Some(String::new()),
-        max_split_size: Some(-1),
-        garbage_collection_threshold: Some(0.0),
-        expandable_segments: Some(false),
-        roundup_power2_divisions: (0..16).map(|i| (1u64 << i, 0)).collect(),
-        present: true,
-    }
+    RecordedSettings::torch_default()
 }
 
 /// The whole trace as a [`Snapshot`] (one device, no segments), and what was generated.

@@ -14,7 +14,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use crate::jsonl::{Header, LineParser, Parsed};
-use crate::{Action, SnapshotSegment, TraceEntry, TraceError};
+use crate::{SnapshotSegment, TraceEntry, TraceError};
 
 /// Where a stream's bytes come from, for its I/O errors.
 #[derive(Clone, Debug)]
@@ -176,9 +176,6 @@ pub enum Scanned {
     Invalid,
 }
 
-fn is_segment_action(a: Action) -> bool {
-    matches!(a, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
-}
 
 /// The first pass over a JSON Lines trace: the header, the final segments and the segment events,
 /// parsing only the lines that can hold them (see the module documentation). I/O errors are
@@ -202,7 +199,7 @@ pub fn scan(mut r: impl Read, source: &Source) -> Result<Scanned, TraceError> {
             }
             Ok(Parsed::Segment(s)) => out.segments.push(s),
             Ok(Parsed::Event { device, entry }) => {
-                if is_segment_action(entry.action) {
+                if entry.action.is_segment_event() {
                     if out.segment_entries.len() <= device {
                         out.segment_entries.resize_with(device + 1, Vec::new);
                     }

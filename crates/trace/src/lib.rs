@@ -46,6 +46,11 @@ pub enum Action {
 }
 
 impl Action {
+    /// A segment event: `segment_alloc`, `segment_free`, `segment_map` or `segment_unmap`.
+    pub fn is_segment_event(self) -> bool {
+        matches!(self, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Action::Alloc => "alloc",

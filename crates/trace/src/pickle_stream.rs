@@ -1304,7 +1304,7 @@ impl Vm {
                 // More entries than [`PickleFile::first_pass`] keeps: a scan from here on.
                 self.mode = Mode::Scan;
                 for (d, t) in std::mem::take(&mut self.traces).into_iter().enumerate() {
-                    let segment = |e: &TraceEntry| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap);
+                    let segment = |e: &TraceEntry| e.action.is_segment_event();
                     let kept: Vec<TraceEntry> = t.iter().filter(|e| segment(e)).map(|e| TraceEntry { stack: 0, meta: 0, ..*e }).collect();
                     if self.segment_entries.len() <= d {
                         self.segment_entries.resize_with(d + 1, Vec::new);
@@ -1315,7 +1315,7 @@ impl Vm {
                 self.emit(e, dev);
             }
             Mode::Scan => {
-                if matches!(action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap) {
+                if action.is_segment_event() {
                     let d = dev as usize;
                     if self.segment_entries.len() <= d {
                         self.segment_entries.resize_with(d + 1, Vec::new);
@@ -1859,7 +1859,7 @@ impl Vm {
         if let V::List(id) | V::Tuple(id) = frames {
             self.seq_checked[id as usize] = true;
         }
-        if self.mode == Mode::Scan && !matches!(act, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap) {
+        if self.mode == Mode::Scan && !act.is_segment_event() {
             // The first pass keeps only segment entries: counted when appended.
             self.stack.push(V::Entry(SKIPPED));
             return Ok(true);
