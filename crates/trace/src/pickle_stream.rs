@@ -2174,13 +2174,7 @@ impl PickleFile {
     /// until there were more are then dropped): a replay then needs no second pass over a small
     /// file, and memory stays bounded (by `max_entries` entries of 48 bytes) for a large one.
     pub fn first_pass(&self, max_entries: u64) -> Result<FirstPass, TraceError> {
-        let mut vm = Vm::new(self.input()?, Mode::Collect);
-        vm.max_entries = max_entries;
-        vm.run()?;
-        if vm.mode == Mode::Collect {
-            return vm.into_snapshot().map(FirstPass::Whole);
-        }
-        vm.into_scan().map(FirstPass::Scan)
+        self.first_pass_with(max_entries, None)
     }
 
     /// [`PickleFile::first_pass`], also sending to `tee` what it reads as it reads it: the final
@@ -2188,9 +2182,13 @@ impl PickleFile {
     /// on another thread that starts before the first pass ends. The entries end without an
     /// error only when the snapshot was read whole ([`FirstPass::Whole`]).
     pub fn first_pass_teed(&self, max_entries: u64, tee: Tee) -> Result<FirstPass, TraceError> {
+        self.first_pass_with(max_entries, Some(tee))
+    }
+
+    fn first_pass_with(&self, max_entries: u64, tee: Option<Tee>) -> Result<FirstPass, TraceError> {
         let mut vm = Vm::new(self.input()?, Mode::Collect);
         vm.max_entries = max_entries;
-        vm.tee = Some(tee);
+        vm.tee = tee;
         vm.run()?;
         if vm.mode == Mode::Collect {
             let tee = vm.tee.take();
