@@ -699,6 +699,98 @@ def w_mempool_random(ctx):
     torch.cuda.empty_cache()
 
 
+def w_kvcache(ctx):
+    """LLM serving (the shape of `allocsim synth --workload kvcache`, on real kernels): a bf16 decoder of 8
+    layers (d=2048, 16 heads) with a K/V cache per request and layer, grown by re-allocation every 16 tokens
+    (a larger tensor, the old one copied and freed). Requests arrive with prompts of 32..1536 tokens
+    (prefill in one pass), generate 16..384 tokens one at a time, and finish; up to 12 are active. On an
+    OOM the request that hit it is evicted (its cache freed) and the job goes on. $KV_TOKENS decode tokens
+    in all (default 2500), $SEED the arrivals."""
+    torch = ctx.torch
+    F = torch.nn.functional
+    rng = random.Random(int(os.environ.get("SEED", "0")))
+    total_tokens = int(os.environ.get("KV_TOKENS", "2500"))
+    L, H, Dh, vocab = 8, 16, 128, 32000
+    d = H * Dh
+    dt = torch.bfloat16
+    with ctx.in_region("weights"):
+        emb = torch.randn(vocab, d, dtype=dt, device="cuda") * 0.02
+        layers = [{"qkv": torch.randn(d, 3 * d, dtype=dt, device="cuda") * 0.02,
+                   "o": torch.randn(d, d, dtype=dt, device="cuda") * 0.02,
+                   "up": torch.randn(d, 4 * d, dtype=dt, device="cuda") * 0.02,
+                   "down": torch.randn(4 * d, d, dtype=dt, device="cuda") * 0.02} for _ in range(L)]
+    grow = 16
+
+    def block(x, w, n, req, start):
+        # x: (n, d). The cache of this layer gets the n new keys and values at start..start+n.
+        qkv = x @ w["qkv"]
+        q, k, v = qkv.view(n, 3, H, Dh).permute(1, 2, 0, 3).unbind(0)  # each (H, n, Dh)
+        li = w["i"]
+        kc, vc = req["k"][li], req["v"][li]
+        need = start + n
+        if kc is None or kc.shape[1] < need:
+            cap = (need + grow - 1) // grow * grow
+            nk = torch.empty(H, cap, Dh, dtype=dt, device="cuda")
+            nv = torch.empty(H, cap, Dh, dtype=dt, device="cuda")
+            if kc is not None:
+                nk[:, :start] = kc[:, :start]
+                nv[:, :start] = vc[:, :start]
+            req["k"][li], req["v"][li] = nk, nv
+            kc, vc = nk, nv
+            del nk, nv
+        kc[:, start:need] = k
+        vc[:, start:need] = v
+        a = F.scaled_dot_product_attention(q, kc[:, :need], vc[:, :need], is_causal=(n > 1))
+        x = x + a.transpose(0, 1).reshape(n, d) @ w["o"]
+        x = x + F.gelu(x @ w["up"]) @ w["down"]
+        return x
+
+    for i, w in enumerate(layers):
+        w["i"] = i
+    active, done, rid = [], 0, 0
+    ctx.step = 0
+
+    def evict(req, e):
+        ctx.oom(e, request=req["id"], tokens=req["len"])
+        req["k"] = req["v"] = None
+        active.remove(req)
+
+    while done < total_tokens:
+        ctx.step += 1
+        while len(active) < 12 and rng.random() < 0.5:
+            rid += 1
+            req = {"id": rid, "len": 0, "left": rng.randrange(16, 385), "k": [None] * L, "v": [None] * L}
+            n = rng.randrange(32, 1537)
+            try:
+                with ctx.in_region("prefill"):
+                    x = emb[torch.randint(0, vocab, (n,), device="cuda")]
+                    for w in layers:
+                        x = block(x, w, n, req, 0)
+                    del x
+                req["len"] = n
+                active.append(req)
+            except torch.OutOfMemoryError as e:
+                active.append(req)
+                evict(req, e)
+        for req in list(active):
+            try:
+                with ctx.in_region("decode"):
+                    x = emb[torch.randint(0, vocab, (1,), device="cuda")]
+                    for w in layers:
+                        x = block(x, w, 1, req, req["len"])
+                    del x
+            except torch.OutOfMemoryError as e:
+                evict(req, e)
+                continue
+            req["len"] += 1
+            req["left"] -= 1
+            done += 1
+            if req["left"] == 0:
+                req["k"] = req["v"] = None
+                active.remove(req)
+    active.clear()
+
+
 WORKLOADS = {
     "frag": w_frag,
     "train": w_train,
@@ -719,6 +811,7 @@ WORKLOADS = {
     "graph_capture": w_graph_capture,
     "mempool_serving2": w_mempool_serving2,
     "mempool_random": w_mempool_random,
+    "kvcache": w_kvcache,
 }
 
 
@@ -734,6 +827,8 @@ def main():
     ap.add_argument("--stacks", default="python")
     ap.add_argument("--defaults", action="store_true")
     ap.add_argument("--max-entries", type=int, default=10**7)
+    ap.add_argument("--from-start", action="store_true",
+                    help="start recording before the first allocation (no warm-up tensor): a complete trace")
     ap.add_argument("--compile-context", action="store_true", help="record_memory_history(compile_context=True)")
     ap.add_argument("--annotations", action="store_true", help="record_memory_history(global_record_annotations=True)")
     args = ap.parse_args()
@@ -744,7 +839,10 @@ def main():
     import torch
 
     t0 = time.time()
-    torch.zeros(1, device="cuda")
+    if args.from_start:
+        torch.cuda.init()
+    else:
+        torch.zeros(1, device="cuda")
     free0, total = torch.cuda.mem_get_info()
     neighbour = None
     fraction = None

@@ -95,8 +95,9 @@ pub fn replay_file(f: ReplayFile<'_>, options: &ReplayOptions, note: &mut dyn Fn
                     if let Some(path) = std::env::var_os("ALLOCSIM_DEBUG_SPECULATION") {
                         let _ = std::fs::OpenOptions::new().append(true).open(path).and_then(|mut f| std::io::Write::write_all(&mut f, format!("holds: {holds}\n").as_bytes()));
                     }
-                    let v = match speculated.filter(|_| holds) {
-                        Some(s) => Some(s.speculated.summaries),
+                    let answer = speculated.filter(|_| holds).and_then(|s| s.speculated.answer(&snap, &options.spec(None)));
+                    let v = match answer {
+                        Some(v) => Some(v),
                         None => stream_snapshot(&snap, f.path, file.len(), options, note)?,
                     };
                     read = Some(snap);
@@ -129,6 +130,8 @@ pub fn replay_file(f: ReplayFile<'_>, options: &ReplayOptions, note: &mut dyn Fn
 
 /// A one-pass replay that ran beside a pickle's first pass, and what it assumed.
 struct Beside {
+    /// The settings it assumed.
+    settings: RecordedSettings,
     /// The final segments it started from.
     segments: Vec<allocsim_trace::SnapshotSegment>,
     speculated: Speculated,
@@ -140,7 +143,7 @@ impl Beside {
     /// of the snapshot read.
     fn holds_for(&self, snap: &Snapshot) -> bool {
         let learned = &self.speculated.segment_entries;
-        snap.settings == RecordedSettings::torch_default()
+        snap.settings == self.settings
             && snap.segments.len() == self.segments.len()
             && snap.segments.iter().zip(&self.segments).all(|(s, early)| {
                 // (The segments read early do not keep their blocks' stacks.)
@@ -172,14 +175,17 @@ fn first_pass_replaying(file: &PickleFile, max_entries: u64, options: &ReplayOpt
     let spec = options.spec(None);
     std::thread::scope(|scope| {
         let replay = scope.spawn(move || {
+            // The settings from the file's end where it can be read alone (a plain file), else
+            // torch's defaults.
+            let settings = file.tail_settings().unwrap_or_else(RecordedSettings::torch_default);
             let segments = teed.segments()?;
-            let speculated = replay_speculating(&segments, &RecordedSettings::torch_default(), &spec, teed);
+            let speculated = replay_speculating(&segments, &settings, &spec, teed);
             if let Some(path) = std::env::var_os("ALLOCSIM_DEBUG_SPECULATION") {
                 // (Not stderr: the command line holds its lock.)
                 let _ = std::fs::write(path, format!("{:?}\n", speculated.as_ref().map(|_| "answered")));
             }
             let speculated = speculated.ok()?;
-            Some(Beside { segments, speculated })
+            Some(Beside { settings, segments, speculated })
         });
         let first = file.first_pass_teed(max_entries, tee);
         match replay.join() {

@@ -48,7 +48,10 @@ use allocsim_model::{AllocatorConfig, Placement, SimDevice};
 use allocsim_trace::{Action, SnapshotSegment, TraceEntry};
 
 use crate::program::{Op, Program};
-use crate::replay::{EmptyCacheCalls, Inference, OutsideMemory, ProgramAhead, ReplayOptions, ReplayOutcome, Stepper, VecSlots, replay};
+use crate::replay::{
+    EmptyCacheCalls, Inference, OutsideMemory, ProgramAhead, ProgramReplay, ReplayOptions, ReplayOutcome, SegmentEvent, Slots, Stepper, VecSlots, empty_cache_calls,
+    replay,
+};
 
 /// What kind of limit the trace shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -495,51 +498,97 @@ struct Walk {
     ooms: usize,
 }
 
-fn walk(trace: &[TraceEntry], program: &Program, own: &AllocatorConfig, device_memory: u64) -> Walk {
-    let mut w = Walk { full: Vec::new(), allowed_ooms: Vec::new(), grew: Vec::new(), ooms: 0 };
-    let mut reserved = program.initial.as_ref().map_or(0, |s| s.reserved_bytes()) as i64;
-    // The new memory since the last request entry: (reserved before the first, its size or None).
-    let mut pending: Option<(u64, Option<u64>)> = None;
-    let mut req = 0u32;
-    for e in trace {
-        let r = reserved.max(0) as u64;
+/// `initial_reserved`: the bytes reserved before the trace's first entry (a trace that starts
+/// mid-history).
+fn walk(trace: &[TraceEntry], initial_reserved: u64, own: &AllocatorConfig, device_memory: u64) -> Walk {
+    let mut w = Walker::with_initial(own, device_memory, initial_reserved);
+    trace.iter().for_each(|e| w.push(e));
+    w.w
+}
+
+/// [`walk`] entry by entry, for a trace read as it comes ([`crate::stream::replay_speculating`]):
+/// the maximum the entries so far point to.
+pub struct Walker {
+    w: Walk,
+    own: AllocatorConfig,
+    device_memory: u64,
+    reserved: i64,
+    /// The new memory since the last request entry: (reserved before the first, its size or None).
+    pending: Option<(u64, Option<u64>)>,
+    req: u32,
+    /// Each request's size, by ordinal.
+    sizes: Vec<u64>,
+}
+
+impl Walker {
+    /// For a trace that starts from an empty allocator.
+    pub fn new(own: &AllocatorConfig, device_memory: u64) -> Walker {
+        Walker::with_initial(own, device_memory, 0)
+    }
+
+    fn with_initial(own: &AllocatorConfig, device_memory: u64, initial_reserved: u64) -> Walker {
+        Walker {
+            w: Walk { full: Vec::new(), allowed_ooms: Vec::new(), grew: Vec::new(), ooms: 0 },
+            own: own.clone(),
+            device_memory,
+            reserved: initial_reserved as i64,
+            pending: None,
+            req: 0,
+            sizes: Vec::new(),
+        }
+    }
+
+    pub fn push(&mut self, e: &TraceEntry) {
+        let (w, own, req) = (&mut self.w, &self.own, &mut self.req);
+        let r = self.reserved.max(0) as u64;
         match e.action {
             Action::SegmentAlloc | Action::SegmentMap => {
-                pending.get_or_insert((r, (e.action == Action::SegmentAlloc).then_some(e.size)));
-                reserved += e.size as i64;
+                self.pending.get_or_insert((r, (e.action == Action::SegmentAlloc).then_some(e.size)));
+                self.reserved += e.size as i64;
             }
             Action::SegmentFree | Action::SegmentUnmap => {
-                reserved -= e.size as i64;
-                pending = None;
+                self.reserved -= e.size as i64;
+                self.pending = None;
             }
             Action::Alloc => {
-                if let Some((before, first)) = pending.take() {
-                    w.grew.push((req, r, before, first));
+                if let Some((before, first)) = self.pending.take() {
+                    w.grew.push((*req, r, before, first));
                 }
-                req += 1;
+                self.sizes.push(e.size);
+                *req += 1;
             }
             Action::Oom => {
-                pending = None;
+                self.pending = None;
                 w.ooms += 1;
                 let alloc_size = own.get_allocation_size(e.size);
                 if e.addr < alloc_size {
                     let available = r.saturating_add(e.addr);
                     w.full.push(DeviceFullOom {
-                        request: req,
+                        request: *req,
                         device_free: e.addr,
                         reserved: r,
                         available,
-                        outside: device_memory.saturating_sub(available),
+                        outside: self.device_memory.saturating_sub(available),
                     });
                 } else {
-                    w.allowed_ooms.push((req, e.size, r));
+                    w.allowed_ooms.push((*req, e.size, r));
                 }
-                req += 1;
+                self.sizes.push(e.size);
+                *req += 1;
             }
             _ => {}
         }
     }
-    w
+
+    /// The allowed maximum [`infer`] would pick from the bounds the entries so far give, when
+    /// they show an OOM of the allowed maximum and no device-full one.
+    pub fn capacity_to_try(&self) -> Option<u64> {
+        if !self.w.full.is_empty() || self.w.allowed_ooms.is_empty() {
+            return None;
+        }
+        let bounds = Bounds::of(&self.w, &self.own, self.device_memory, true, |req| self.sizes.get(req as usize).copied().unwrap_or(0));
+        bounds.note.is_none().then(|| pick_used(bounds.lo, bounds.hi))
+    }
 }
 
 /// The device-full rule (see the module documentation) as memory outside the allocator over
@@ -589,7 +638,95 @@ pub fn infer(
     placement: &Placement,
 ) -> (Budget, Option<ReplayOutcome>) {
     let d = device_memory.bytes;
-    let w = walk(trace, program, own, d);
+    let w = walk(trace, program.initial.as_ref().map_or(0, |s| s.reserved_bytes()), own, d);
+    let mut budget = walked(&w, device_memory);
+    let opts = |capacity: Option<u64>| ReplayOptions {
+        config: own.clone(),
+        capacity,
+        device_memory: d,
+        placement: placement.clone(),
+        outside: budget.outside.clone(),
+    };
+    // Without an allowed maximum: up to its first difference from the recorded segment events,
+    // which is all the decisions below need of it unless it is the answer.
+    let segment_entries: Vec<TraceEntry> = trace.iter().filter(|e| e.action.is_segment_event()).copied().collect();
+    let plain = Plain::up_to_difference(program, &opts(None), trace, &segment_entries);
+    if segment_entries.is_empty() || !budget_may_explain(&segment_entries, plain.segment_events(), w.ooms > 0) {
+        // Nothing to infer from (no segment events: a trace recorded without them, or generated),
+        // or the replay is exact, or it differs where no budget could make it agree.
+        let plain = plain.whole();
+        budget.reproduces = reproduces(&plain, trace);
+        if !w.full.is_empty() {
+            budget.kind = Some(BudgetKind::DeviceFull);
+        }
+        return (budget, Some(plain));
+    }
+    if plain.reproduces(trace) {
+        if !w.full.is_empty() {
+            budget.kind = Some(BudgetKind::DeviceFull);
+        }
+        return (budget, Some(plain.whole()));
+    }
+    if w.full.is_empty() && w.allowed_ooms.is_empty() && w.grew.is_empty() {
+        budget.reproduces = false;
+        return (budget, Some(plain.whole()));
+    }
+    // An allowed maximum: the bounds the segments and OOMs give, then the replay narrows them.
+    let request_size = |req: u32| program.requests.get(req as usize).map_or(0, |r| r.size);
+    let bounds = Bounds::of(&w, own, d, program.reconstruct_error.is_none(), request_size);
+    let (lo, hi) = (bounds.lo, bounds.hi);
+    let mut from = budget.from.clone();
+    from.extend(&bounds.from);
+    budget.notes.extend(bounds.note);
+    let refined = refine(trace, program, &opts(Some(hi)), lo, hi);
+    let used = pick_used(refined.lo, refined.hi);
+    let outcome = replay(program, &opts(Some(used)), EmptyCacheCalls::Infer(trace));
+    let reproduced = reproduces(&outcome, trace);
+    if !reproduced && w.allowed_ooms.is_empty() && matching_prefix(plain.segment_events(), trace) >= matching_prefix(&outcome.segment_events, trace) {
+        // No OOM asks for a maximum, and one explains no more of the trace than none: none.
+        budget.reproduces = false;
+        if !w.full.is_empty() {
+            budget.kind = Some(BudgetKind::DeviceFull);
+        }
+        return (budget, Some(plain.whole()));
+    }
+    allowed_maximum(&mut budget, refined, from, reproduced);
+    (budget, Some(outcome))
+}
+
+/// The budget of a trace that starts from an empty allocator and records OOMs of the allowed
+/// maximum, where a replay under `tried` made `outcome` with no comparison with the maximum
+/// flipping between the bounds the trace gives (`checks`: the flips of every comparison it
+/// made, [`CachingAllocator::limit_probe`]), and the replay without a maximum differs from the
+/// recording: what [`infer`] infers for the same trace when `tried` is the value it picks, for
+/// then its refinement narrows nothing and its replay under that value is `outcome`. `None`
+/// otherwise (device-full OOMs, bounds that contradict one another, a comparison that flips
+/// within them, another value picked): only [`infer`] answers.
+pub fn speculated(trace: &[TraceEntry], own: &AllocatorConfig, device_memory: DeviceMemory, tried: u64, checks: &[u64], outcome: &ReplayOutcome) -> Option<Budget> {
+    let d = device_memory.bytes;
+    let mut walker = Walker::new(own, d);
+    trace.iter().for_each(|e| walker.push(e));
+    let Walker { w, sizes, .. } = walker;
+    if !w.full.is_empty() || w.allowed_ooms.is_empty() {
+        return None;
+    }
+    let budget = walked(&w, device_memory);
+    let bounds = Bounds::of(&w, own, d, true, |req| sizes.get(req as usize).copied().unwrap_or(0));
+    if bounds.note.is_some() || checks.iter().any(|&v| bounds.lo < v && v <= bounds.hi) || pick_used(bounds.lo, bounds.hi) != tried {
+        return None;
+    }
+    let mut budget = budget;
+    let mut from = budget.from.clone();
+    from.extend(&bounds.from);
+    let refined = Refined { lo: bounds.lo, hi: bounds.hi, from: Vec::new(), unexplained: Vec::new(), gaps: false };
+    allowed_maximum(&mut budget, refined, from, reproduces(outcome, trace));
+    Some(budget)
+}
+
+/// The budget as the walk alone shows it: the OOMs, the device-full ones, the memory outside
+/// the allocator over time.
+fn walked(w: &Walk, device_memory: DeviceMemory) -> Budget {
+    let d = device_memory.bytes;
     let mut budget = Budget::none(device_memory);
     budget.recorded_ooms = w.ooms;
     budget.allowed_ooms = w.allowed_ooms.len();
@@ -606,96 +743,130 @@ pub fn infer(
     }
     budget.device_full = w.full.clone();
     budget.from = w.full.iter().map(|f| f.request).collect();
-    let opts = |capacity: Option<u64>| ReplayOptions {
-        config: own.clone(),
-        capacity,
-        device_memory: d,
-        placement: placement.clone(),
-        outside: budget.outside.clone(),
-    };
-    // Without an allowed maximum.
-    let plain = replay(program, &opts(None), EmptyCacheCalls::Infer(trace));
-    let segment_entries: Vec<TraceEntry> =
-        trace.iter().filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)).copied().collect();
-    if segment_entries.is_empty() || !budget_may_explain(&segment_entries, &plain.segment_events, w.ooms > 0) {
-        // Nothing to infer from (no segment events: a trace recorded without them, or generated),
-        // or the replay is exact, or it differs where no budget could make it agree.
-        budget.reproduces = reproduces(&plain, trace);
-        if !w.full.is_empty() {
-            budget.kind = Some(BudgetKind::DeviceFull);
+    budget
+}
+
+/// The bounds the segments and OOMs give the allowed maximum, before a replay narrows them.
+struct Bounds {
+    lo: u64,
+    hi: u64,
+    /// The requests of the OOMs that bound it from above.
+    from: Vec<u32>,
+    /// Where the bounds contradict one another (then `lo..=hi` is the whole device).
+    note: Option<String>,
+}
+
+impl Bounds {
+    /// `sizes_known`: the requests' sizes are those of the trace (`request_size` by ordinal);
+    /// else only new segments, not pages, bound it from below.
+    fn of(w: &Walk, own: &AllocatorConfig, d: u64, sizes_known: bool, request_size: impl Fn(u32) -> u64) -> Bounds {
+        let mut lo = 0u64;
+        if sizes_known {
+            for &(req, _, before, first) in &w.grew {
+                let need = match first {
+                    Some(size) => before + size,
+                    None => before + own.get_allocation_size(own.round_size(request_size(req))),
+                };
+                lo = lo.max(need);
+            }
         }
-        return (budget, Some(plain));
-    }
-    if reproduces(&plain, trace) {
-        if !w.full.is_empty() {
-            budget.kind = Some(BudgetKind::DeviceFull);
+        let mut hi = d.saturating_sub(1);
+        let mut from = Vec::new();
+        for &(req, size, reserved) in &w.allowed_ooms {
+            let bound = reserved + own.get_allocation_size(size);
+            if bound.saturating_sub(1) < hi {
+                hi = bound.saturating_sub(1);
+            }
+            from.push(req);
         }
-        return (budget, Some(plain));
-    }
-    if w.full.is_empty() && w.allowed_ooms.is_empty() && w.grew.is_empty() {
-        budget.reproduces = false;
-        return (budget, Some(plain));
-    }
-    // An allowed maximum: the bounds the segments and OOMs give, then the replay narrows them.
-    let mut lo = 0u64;
-    if program.reconstruct_error.is_none() {
-        for &(req, _, before, first) in &w.grew {
-            let need = match first {
-                Some(size) => before + size,
-                None => before + own.get_allocation_size(own.round_size(program.requests.get(req as usize).map_or(0, |r| r.size))),
-            };
-            lo = lo.max(need);
+        let mut note = None;
+        if lo > hi {
+            note = Some(format!(
+                "the segments the trace got need at least {} allowed, more than its OOMs allow ({}): the maximum was searched over the whole device",
+                format_size(lo),
+                format_size(hi + 1)
+            ));
+            lo = 0;
+            hi = d.saturating_sub(1);
         }
+        Bounds { lo, hi, from, note }
     }
-    let mut hi = d.saturating_sub(1);
-    let mut from = budget.from.clone();
-    for &(req, size, reserved) in &w.allowed_ooms {
-        let bound = reserved + own.get_allocation_size(size);
-        if bound.saturating_sub(1) < hi {
-            hi = bound.saturating_sub(1);
-        }
-        from.push(req);
-    }
-    if lo > hi {
-        budget.notes.push(format!(
-            "the segments the trace got need at least {} allowed, more than its OOMs allow ({}): the maximum was searched over the whole device",
-            format_size(lo),
-            format_size(hi + 1)
-        ));
-        lo = 0;
-        hi = d.saturating_sub(1);
-    }
-    let refined = refine(trace, program, &opts(Some(hi)), lo, hi);
+}
+
+/// Sets an allowed maximum refined as `refined`, inferred from the requests `from` (besides the
+/// refinement's), whose replay `reproduced` the recording or not.
+fn allowed_maximum(budget: &mut Budget, refined: Refined, mut from: Vec<u32>, reproduced: bool) {
     from.extend(&refined.from);
     from.sort_unstable();
     from.dedup();
-    let used = pick_used(refined.lo, refined.hi);
-    let outcome = replay(program, &opts(Some(used)), EmptyCacheCalls::Infer(trace));
-    budget.reproduces = reproduces(&outcome, trace);
-    if !budget.reproduces && w.allowed_ooms.is_empty() && matching_prefix(&plain, trace) >= matching_prefix(&outcome, trace) {
-        // No OOM asks for a maximum, and one explains no more of the trace than none: none.
-        budget.reproduces = false;
-        if !w.full.is_empty() {
-            budget.kind = Some(BudgetKind::DeviceFull);
-        }
-        return (budget, Some(plain));
-    }
+    budget.reproduces = reproduced;
     budget.kind = Some(BudgetKind::AllowedMaximum);
     budget.allowed_low = Some(refined.lo);
     budget.allowed_high = Some(refined.hi);
-    budget.allowed_used = Some(used);
+    budget.allowed_used = Some(pick_used(refined.lo, refined.hi));
     budget.unexplained = refined.unexplained;
     if refined.gaps {
         budget.notes.push("the values of the allowed maximum that reproduce the trace do not form one interval; the interval given spans them".into());
     }
     budget.from = from;
-    (budget, Some(outcome))
 }
 
-/// How many recorded segment events a replay reproduces before its first difference.
-fn matching_prefix(o: &ReplayOutcome, trace: &[TraceEntry]) -> usize {
+/// How many recorded segment events a replay's (`simulated`) reproduce before the first
+/// difference.
+fn matching_prefix(simulated: &[SegmentEvent], trace: &[TraceEntry]) -> usize {
     let (events, _) = recorded_events(trace);
-    events.iter().zip(&o.segment_events).take_while(|(a, b)| **a == (b.request, b.action, b.addr, b.size)).count()
+    events.iter().zip(simulated).take_while(|(a, b)| **a == (b.request, b.action, b.addr, b.size)).count()
+}
+
+/// The replay of a program without an allowed maximum, run up to the first segment event that
+/// differs from the recorded ones (`Partial`), or to its end when none does (`Whole`). What
+/// [`infer`] asks of it before it is the answer ([`budget_may_explain`], [`reproduces`],
+/// [`matching_prefix`]) depends only on the events up to that difference; `whole` runs the rest.
+enum Plain<'a> {
+    Whole(ReplayOutcome),
+    Partial(Box<ProgramReplay<'a, SimDevice, Box<dyn FnMut(&CachingAllocator<SimDevice>, usize) -> bool + 'a>>>),
+}
+
+impl<'a> Plain<'a> {
+    fn up_to_difference(program: &'a Program, opts: &ReplayOptions, trace: &'a [TraceEntry], recorded: &[TraceEntry]) -> Plain<'a> {
+        let device = SimDevice::new(opts.device_memory, opts.placement.clone());
+        let calls: Box<dyn FnMut(&CachingAllocator<SimDevice>, usize) -> bool + 'a> = Box::new(empty_cache_calls(program, EmptyCacheCalls::Infer(trace)));
+        let mut r = ProgramReplay::new(program, opts, device, calls);
+        let mut compared = 0;
+        while r.step() {
+            let simulated = r.segment_events();
+            while compared < simulated.len() {
+                if !recorded.get(compared).is_some_and(|e| same_segment_event(e, &simulated[compared])) {
+                    return Plain::Partial(Box::new(r));
+                }
+                compared += 1;
+            }
+        }
+        Plain::Whole(r.finish(|_, _| {}))
+    }
+
+    fn segment_events(&self) -> &[SegmentEvent] {
+        match self {
+            Plain::Whole(o) => &o.segment_events,
+            Plain::Partial(r) => r.segment_events(),
+        }
+    }
+
+    /// Whether it made exactly the recorded segment events and OOMs (never, when it stopped at
+    /// a difference).
+    fn reproduces(&self, trace: &[TraceEntry]) -> bool {
+        match self {
+            Plain::Whole(o) => reproduces(o, trace),
+            Plain::Partial(_) => false,
+        }
+    }
+
+    fn whole(self) -> ReplayOutcome {
+        match self {
+            Plain::Whole(o) => o,
+            Plain::Partial(r) => r.finish(|_, _| {}),
+        }
+    }
 }
 
 /// The value replays use from the interval: the one with the most trailing zero bits (a round
@@ -723,11 +894,11 @@ struct Refined {
 /// size) of its segment events and the malloc's address (`None`: out of memory).
 type GroupOutcome = (Vec<(&'static str, u64, u64)>, Option<u64>);
 
-/// One trial of a group at one maximum: the state after it, what it did, and the values at which
-/// its comparisons with the maximum flip.
+/// One trial of a group at one maximum: what it did, and the values at which its comparisons
+/// with the maximum flip.
 struct Trial {
-    st: Stepper<SimDevice, VecSlots>,
-    inference: Inference,
+    /// The maximum it was tried at.
+    at: u64,
     outcome: GroupOutcome,
     checks: Vec<u64>,
 }
@@ -772,23 +943,23 @@ fn refine(trace: &[TraceEntry], program: &Program, opts: &ReplayOptions, mut lo:
         let first = trial(&st, &inference, program, trace, i, m, a);
         let (rl, rh) = region(&first.checks, a, lo, hi);
         if rl == lo && rh == hi {
-            (st, inference) = (first.st, first.inference);
+            run_group(&mut st, &mut inference, program, trace, i, m, a);
             i = m + 1;
             continue;
         }
         // The maximum matters here: try every region of the interval.
         let mut matching: Vec<(u64, u64)> = Vec::new();
-        let mut chosen: Option<Trial> = None;
+        let mut chosen: Option<u64> = None;
         let mut x = lo;
         let mut trials = 0;
         loop {
             let t = if x == a { None } else { Some(trial(&st, &inference, program, trace, i, m, x)) };
-            let t_ref = t.as_ref().unwrap_or(&first);
-            let (xl, xh) = region(&t_ref.checks, x, lo, hi);
-            if t_ref.outcome == recorded {
+            let t = t.as_ref().unwrap_or(&first);
+            let (xl, xh) = region(&t.checks, x, lo, hi);
+            if t.outcome == recorded {
                 matching.push((xl, xh));
                 if chosen.is_none() || (xl..=xh).contains(&a) {
-                    chosen = Some(t.unwrap_or_else(|| trial(&st, &inference, program, trace, i, m, a)));
+                    chosen = Some(t.at);
                 }
             }
             trials += 1;
@@ -800,9 +971,9 @@ fn refine(trace: &[TraceEntry], program: &Program, opts: &ReplayOptions, mut lo:
         match chosen {
             None => {
                 out.unexplained.push(q);
-                (st, inference) = (first.st, first.inference);
+                run_group(&mut st, &mut inference, program, trace, i, m, a);
             }
-            Some(t) => {
+            Some(x) => {
                 let new_lo = matching.iter().map(|m| m.0).min().unwrap_or(lo);
                 let new_hi = matching.iter().map(|m| m.1).max().unwrap_or(hi);
                 out.gaps |= matching.windows(2).any(|w| w[1].0 > w[0].1 + 1);
@@ -810,8 +981,9 @@ fn refine(trace: &[TraceEntry], program: &Program, opts: &ReplayOptions, mut lo:
                     out.from.push(q);
                 }
                 (lo, hi) = (new_lo, new_hi);
-                a = t.st.alloc.allowed_memory_maximum.unwrap_or(a);
-                (st, inference) = (t.st, t.inference);
+                a = x;
+                // What the trial at `x` did (the same ops on the same state: the same result).
+                run_group(&mut st, &mut inference, program, trace, i, m, a);
             }
         }
         i = m + 1;
@@ -846,21 +1018,21 @@ fn step_op(st: &mut Stepper<SimDevice, VecSlots>, inference: &mut Inference, pro
 }
 
 /// Ops `i..=m` (ending in a malloc) on a copy of `st` under maximum `x`.
-fn trial(
-    st: &Stepper<SimDevice, VecSlots>,
-    inference: &Inference,
-    program: &Program,
-    trace: &[TraceEntry],
-    i: usize,
-    m: usize,
-    x: u64,
-) -> Trial {
-    let mut t = st.clone();
+fn trial(st: &Stepper<SimDevice, VecSlots>, inference: &Inference, program: &Program, trace: &[TraceEntry], i: usize, m: usize, x: u64) -> Trial {
+    let mut t = st.fork();
     let mut inf = inference.clone();
     let probe: LimitProbe = Arc::new(Mutex::new(Vec::new()));
-    t.alloc.allowed_memory_maximum = Some(x);
     t.alloc.limit_probe = Some(probe.clone());
     let before = t.segment_events().len();
+    let address = run_group(&mut t, &mut inf, program, trace, i, m, x);
+    let events = t.segment_events()[before..].iter().map(|e| (e.action, e.addr, e.size)).collect();
+    let checks = std::mem::take(&mut *probe.lock().expect("limit probe"));
+    Trial { at: x, outcome: (events, address), checks }
+}
+
+/// Ops `i..=m` (a group, ending in a malloc) on `st` under maximum `x`: the malloc's address.
+fn run_group<S: Slots>(st: &mut Stepper<SimDevice, S>, inference: &mut Inference, program: &Program, trace: &[TraceEntry], i: usize, m: usize, x: u64) -> Option<u64> {
+    st.alloc.allowed_memory_maximum = Some(x);
     let mut address = None;
     for j in i..=m {
         let op = program.ops[j];
@@ -868,13 +1040,10 @@ fn trial(
             Op::Malloc(q) => program.requests.get(q as usize),
             _ => None,
         };
-        let s = t.step(op, request, |alloc: &CachingAllocator<SimDevice>| inf.decide(alloc, j, &ProgramAhead { program, trace, oi: j }));
+        let s = st.step(op, request, |alloc: &CachingAllocator<SimDevice>| inference.decide(alloc, j, &ProgramAhead { program, trace, oi: j }));
         address = s.address;
     }
-    t.alloc.limit_probe = None;
-    let events = t.segment_events()[before..].iter().map(|e| (e.action, e.addr, e.size)).collect();
-    let checks = std::mem::take(&mut *probe.lock().expect("limit probe"));
-    Trial { st: t, inference: inf, outcome: (events, address), checks }
+    address
 }
 
 /// What the trace recorded for ops `i..=m`: the releases of its release runs, the new segments

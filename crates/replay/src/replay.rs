@@ -132,11 +132,16 @@ fn action_name(k: EventKind) -> &'static str {
 /// Replays `program` under `opts` on a simulated device.
 pub fn replay(program: &Program, opts: &ReplayOptions, empty_cache: EmptyCacheCalls<'_>) -> ReplayOutcome {
     let device = SimDevice::new(opts.device_memory, opts.placement.clone());
+    ProgramReplay::new(program, opts, device, empty_cache_calls(program, empty_cache)).finish(|_, _| {})
+}
+
+/// `replay`'s `is_empty_cache`: the calls given, or inferred op by op ([`Inference`]).
+pub fn empty_cache_calls<'a>(program: &'a Program, empty_cache: EmptyCacheCalls<'a>) -> impl FnMut(&CachingAllocator<SimDevice>, usize) -> bool + 'a {
     let mut inference = Inference::default();
-    replay_on(program, opts, device, |alloc, oi| match empty_cache {
+    move |alloc, oi| match empty_cache {
         EmptyCacheCalls::Given(f) => f.get(oi).copied().unwrap_or(false),
         EmptyCacheCalls::Infer(trace) => inference.decide(alloc, oi, &ProgramAhead { program, trace, oi }),
-    })
+    }
 }
 
 /// The ops from the current one on, as the `empty_cache()` inference ([`Inference`]) sees them.
@@ -313,34 +318,74 @@ pub fn replay_observed<D: Device>(
     program: &Program,
     opts: &ReplayOptions,
     device: D,
-    mut is_empty_cache: impl FnMut(&CachingAllocator<D>, usize) -> bool,
+    is_empty_cache: impl FnMut(&CachingAllocator<D>, usize) -> bool,
     mut observe: impl FnMut(&CachingAllocator<D>, usize),
 ) -> ReplayOutcome<D> {
-    let n = program.requests.len();
-    let mut st = Stepper::new(opts, device, VecSlots::new(n), &program.private_pools, program.initial.as_ref());
-    st.set_pool_actions(&program.pool_actions);
-    let mut flags = vec![false; program.ops.len()];
-    let mut addresses: Vec<Option<u64>> = vec![None; n];
-    for (oi, &op) in program.ops.iter().enumerate() {
-        if oi > 0 {
-            observe(&st.alloc, oi - 1);
+    let mut r = ProgramReplay::new(program, opts, device, is_empty_cache);
+    while r.next < program.ops.len() {
+        if r.next > 0 {
+            observe(&r.stepper.alloc, r.next - 1);
         }
+        r.step();
+    }
+    r.finish(observe)
+}
+
+/// A replay of a whole [`Program`], op by op: it can stop and go on (`crate::budget` needs its
+/// replay without an allowed maximum only up to its first difference from the recording, most
+/// of the time). `is_empty_cache` as in [`replay_on`].
+pub struct ProgramReplay<'p, D: Device, F> {
+    program: &'p Program,
+    stepper: Stepper<D, VecSlots>,
+    is_empty_cache: F,
+    flags: Vec<bool>,
+    addresses: Vec<Option<u64>>,
+    /// The next op's index.
+    next: usize,
+}
+
+impl<'p, D: Device, F: FnMut(&CachingAllocator<D>, usize) -> bool> ProgramReplay<'p, D, F> {
+    pub fn new(program: &'p Program, opts: &ReplayOptions, device: D, is_empty_cache: F) -> Self {
+        let n = program.requests.len();
+        let mut stepper = Stepper::new(opts, device, VecSlots::new(n), &program.private_pools, program.initial.as_ref());
+        stepper.set_pool_actions(&program.pool_actions);
+        ProgramReplay { program, stepper, is_empty_cache, flags: vec![false; program.ops.len()], addresses: vec![None; n], next: 0 }
+    }
+
+    /// Applies the next op; `false` past the last.
+    pub fn step(&mut self) -> bool {
+        let oi = self.next;
+        let Some(&op) = self.program.ops.get(oi) else { return false };
         let request = match op {
-            Op::Malloc(q) => program.requests.get(q as usize),
+            Op::Malloc(q) => self.program.requests.get(q as usize),
             _ => None,
         };
-        let step = st.step(op, request, |alloc| is_empty_cache(alloc, oi));
-        flags[oi] = step.flag;
+        let is_empty_cache = &mut self.is_empty_cache;
+        let step = self.stepper.step(op, request, |alloc| is_empty_cache(alloc, oi));
+        self.flags[oi] = step.flag;
         if let Op::Malloc(q) = op {
-            addresses[q as usize] = step.address;
+            self.addresses[q as usize] = step.address;
         }
+        self.next += 1;
+        true
     }
-    st.complete_held();
-    st.finish_pool_actions(program.ops.len());
-    if !program.ops.is_empty() {
-        observe(&st.alloc, program.ops.len() - 1);
+
+    /// The segment events so far.
+    pub fn segment_events(&self) -> &[SegmentEvent] {
+        self.stepper.segment_events()
     }
-    st.finish(flags, addresses)
+
+    /// The rest of the ops, then the outcome (`observe` sees the allocator after the last op).
+    pub fn finish(mut self, mut observe: impl FnMut(&CachingAllocator<D>, usize)) -> ReplayOutcome<D> {
+        while self.step() {}
+        let ops = self.program.ops.len();
+        self.stepper.complete_held();
+        self.stepper.finish_pool_actions(ops);
+        if ops > 0 {
+            observe(&self.stepper.alloc, ops - 1);
+        }
+        self.stepper.finish(self.flags, self.addresses)
+    }
 }
 
 /// Where a [`Stepper`] keeps each request's block while it is allocated, and the token of its
@@ -668,6 +713,30 @@ impl<D: Device, S: Slots> Stepper<D, S> {
             addresses,
             allocator: self.alloc,
             restore_failures: self.restore_failures,
+        }
+    }
+}
+
+impl<D: Device + Clone> Stepper<D, VecSlots> {
+    /// A copy to try ops on that allocate and complete frees but free nothing (`crate::budget`'s
+    /// groups: completions and release runs, then a malloc): all of it but the blocks of the
+    /// requests alive, which such ops do not read (a copy of those would cost a slot per request
+    /// of the whole program).
+    pub fn fork(&self) -> Stepper<D, MapSlots> {
+        Stepper {
+            alloc: self.alloc.clone(),
+            outside: self.outside.clone(),
+            slots: MapSlots { blocks: IntMap::default(), tokens: self.slots.tokens.clone() },
+            pre_blocks: self.pre_blocks.clone(),
+            pre_tokens: self.pre_tokens.clone(),
+            segment_events: self.segment_events.clone(),
+            ooms: self.ooms.clone(),
+            empty_cache_requests: self.empty_cache_requests.clone(),
+            next_request: self.next_request,
+            held: self.held.clone(),
+            restore_failures: self.restore_failures.clone(),
+            pool_actions: self.pool_actions.clone(),
+            op_index: self.op_index,
         }
     }
 }

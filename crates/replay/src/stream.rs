@@ -45,7 +45,7 @@ use std::collections::VecDeque;
 use allocsim_model::allocator::EventKind;
 use allocsim_model::{AllocatorConfig, SimDevice};
 use allocsim_trace::hash::IntMap;
-use allocsim_trace::{Action, RecordedSettings, SnapshotSegment, TraceEntry};
+use allocsim_trace::{Action, RecordedSettings, Snapshot, SnapshotSegment, TraceEntry};
 
 use crate::check::{TraceCheckError, check_entry, check_segments};
 use crate::oom::{RecordedMemory, device_free_with};
@@ -157,7 +157,7 @@ where
     let trace_capacity = spec.trace_capacity_for(&own, &config);
     // No --capacity: the trace's own (`crate::run::Prepared::limits`).
     let own_settings = same_settings(&config, &own) && spec.capacity.or(trace_capacity) == trace_capacity;
-    let ctx = Ctx { input, speculating: false, spec, own, config, trace_capacity, own_settings };
+    let ctx = Ctx { input, speculating: false, spec, own, config, trace_capacity, own_settings, probe: None };
     let mut cross: Vec<Option<bool>> = Vec::new();
     for _ in 0..2 {
         let events = open().map_err(StreamError::Read)?;
@@ -179,6 +179,38 @@ where
 pub struct Speculated {
     pub summaries: Vec<ReplaySummary>,
     pub segment_entries: Vec<Vec<TraceEntry>>,
+    /// Replayed under an allowed maximum it tried (the summaries' budget is that one, given):
+    /// the value, and the flips of every comparison the replay made with it
+    /// ([`CachingAllocator::limit_probe`]). Its answer is the in-memory replay's only with the
+    /// budget [`crate::budget::speculated`] infers from the whole trace in its place.
+    ///
+    /// [`CachingAllocator::limit_probe`]: allocsim_model::CachingAllocator::limit_probe
+    pub tried: Option<(u64, Vec<u64>)>,
+}
+
+impl Speculated {
+    /// The answer, once the caller has checked what the replay assumed against `snap` (the file
+    /// read whole; see [`replay_speculating`]): the summaries, and where a maximum was tried, the
+    /// budget [`crate::budget::speculated`] infers from the whole trace in place of the one
+    /// tried. `None` where only the in-memory replay answers: the maximum tried is not the one
+    /// inferred, or the question is under other settings and the maximum only known to lie in an
+    /// interval (then the answer also replays both ends of it).
+    pub fn answer(self, snap: &Snapshot, spec: &ReplaySpec<'_>) -> Option<Vec<ReplaySummary>> {
+        let Some((tried, checks)) = &self.tried else { return Some(self.summaries) };
+        let [mut summary]: [ReplaySummary; 1] = self.summaries.try_into().ok()?;
+        if snap.device_traces.iter().enumerate().any(|(d, t)| d != summary.device && !t.is_empty()) {
+            return None;
+        }
+        let trace = snap.device_traces.get(summary.device)?;
+        let (own, _) = spec.configs(&snap.settings).ok()?;
+        let memory = summary.budget.as_ref()?.device_memory.clone();
+        let budget = crate::budget::speculated(trace, &own, memory, *tried, checks, &summary.outcome)?;
+        if !summary.own_settings && budget.allowed_is_interval() {
+            return None;
+        }
+        summary.budget = Some(budget);
+        Some(vec![summary])
+    }
 }
 
 /// A one-pass replay that starts before a first pass has read the file: with the final segments
@@ -192,6 +224,12 @@ pub struct Speculated {
 /// from every segment event is the one assumed. `None` where it cannot answer so: final
 /// segments in private pools (their routing needs every `segment_alloc` first), a question one
 /// pass cannot answer, a trace that needs a second pass, or a failed assumption (the reason).
+///
+/// A replay that leaves the recorded segment events once the trace has shown an OOM of an
+/// allowed maximum (`set_per_process_memory_fraction`) on one device starts again from the first
+/// entry (they are kept until then) under the maximum the entries so far point to
+/// ([`crate::budget::capacity_to_try`]), and goes on if that replay does not leave them
+/// ([`Speculated::tried`]).
 pub fn replay_speculating<I, E>(segments: &[SnapshotSegment], settings: &RecordedSettings, spec: &ReplaySpec<'_>, events: I) -> Result<Speculated, String>
 where
     I: Iterator<Item = Result<(usize, TraceEntry), E>>,
@@ -206,17 +244,113 @@ where
     let input = StreamInput { settings, devices: None, segments, segment_entries: &[] };
     let trace_capacity = spec.trace_capacity_for(&own, &config);
     let own_settings = same_settings(&config, &own) && spec.capacity.or(trace_capacity) == trace_capacity;
-    let ctx = Ctx { input: &input, speculating: true, spec, own, config, trace_capacity, own_settings };
-    let mut r = Replayer::new(&ctx, &[]);
-    for item in events {
-        let (d, e) = item.map_err(|_| "a read error".to_string())?;
-        if !r.push(d, e) {
-            return Err(r.fallback.unwrap_or_default());
+    let mut events = events;
+    let read_error = |_| "a read error".to_string();
+    // The entries so far, for a replay that starts again under a maximum (tried only on one
+    // device's trace, and where none is given), and the bounds they give it.
+    let mut kept: Vec<TraceEntry> = Vec::new();
+    let mut keep = trace_capacity.is_none();
+    let mut tried: Option<u64> = None;
+    let mut walker: Option<crate::budget::Walker> = None;
+    for attempt in 0.. {
+        let probe: Option<allocsim_model::allocator::LimitProbe> = tried.map(|_| Default::default());
+        let own_settings = match tried {
+            Some(c) => same_settings(&config, &own) && spec.capacity.is_none_or(|x| x == c),
+            None => own_settings,
+        };
+        let ctx = Ctx {
+            input: &input,
+            speculating: true,
+            spec,
+            own: own.clone(),
+            config: config.clone(),
+            trace_capacity: tried.or(trace_capacity),
+            own_settings,
+            probe: probe.clone(),
+        };
+        let mut r = Replayer::new(&ctx, &[]);
+        // Why this replay stopped, and the maximum to try next.
+        let mut left: Option<(String, Option<u64>)> = None;
+        if kept.iter().any(|&e| !r.push(0, e)) {
+            left = Some((r.fallback.take().unwrap_or_default(), None));
         }
+        if left.is_none() {
+            for item in events.by_ref() {
+                let (d, e) = item.map_err(read_error)?;
+                if d != 0 {
+                    keep = false;
+                    kept = Vec::new();
+                }
+                if keep {
+                    kept.push(e);
+                    if let Some(w) = &mut walker {
+                        w.push(&e);
+                    }
+                }
+                if !r.push(d, e) {
+                    left = Some((r.fallback.take().unwrap_or_default(), None));
+                    break;
+                }
+                if let (Some(t), Some(w), Action::Oom) = (tried, &walker, e.action)
+                    && let Some(next) = w.capacity_to_try()
+                    && next != t
+                {
+                    // An OOM that excludes the maximum tried: the replay would leave the
+                    // recorded segment events later, or make other decisions than the one the
+                    // whole trace points to.
+                    left = Some(("the maximum tried is not the one the trace points to".into(), Some(next)));
+                    break;
+                }
+            }
+        }
+        let Some((why, mut next)) = left else {
+            let checks = probe.map(|p| std::mem::take(&mut *p.lock().expect("limit probe")));
+            return speculated::<E>(r, tried.zip(checks));
+        };
+        let Some(device_memory) = r.streams.first().and_then(Option::as_ref).map(|s| s.device_memory) else { return Err(why) };
+        if !keep || r.streams.len() != 1 || attempt >= MAX_TRIED {
+            return Err(why);
+        }
+        let w = walker.get_or_insert_with(|| {
+            let mut w = crate::budget::Walker::new(&own, device_memory);
+            kept.iter().for_each(|e| w.push(e));
+            w
+        });
+        next = next.or_else(|| w.capacity_to_try());
+        if next.is_none() && tried.is_none() {
+            // Left before any OOM of an allowed maximum (its garbage collection, or the releases
+            // of a retry): read on to the first one, and try the maximum it points to.
+            for item in events.by_ref() {
+                let (dev, e) = item.map_err(read_error)?;
+                if dev != 0 {
+                    return Err(why);
+                }
+                kept.push(e);
+                w.push(&e);
+                if e.action == Action::Oom {
+                    next = w.capacity_to_try();
+                    if next.is_some() {
+                        break;
+                    }
+                }
+            }
+        }
+        if next.is_none() || next == tried {
+            return Err(why);
+        }
+        tried = next;
     }
+    unreachable!("the loop returns")
+}
+
+/// How many allowed maxima [`replay_speculating`] tries, one after another.
+const MAX_TRIED: usize = 6;
+
+/// The end of [`replay_speculating`]'s replay.
+fn speculated<E>(r: Replayer<'_, '_>, tried: Option<(u64, Vec<u64>)>) -> Result<Speculated, String> {
     let learned = r.streams.iter().map(|s| s.as_ref().and_then(|s| s.speculation.as_ref()).map_or(Vec::new(), |sp| sp.seen.clone())).collect();
     match r.finish::<E>() {
-        Ok(Pass::Done(summaries)) => Ok(Speculated { summaries, segment_entries: learned }),
+        Ok(Pass::Done(summaries)) => Ok(Speculated { summaries, segment_entries: learned, tried }),
         Ok(Pass::Fallback(why)) => Err(why),
         Ok(Pass::Again(_)) => Err("a second pass is needed (cross-stream frees learned late)".into()),
         Err(StreamError::Run(e)) => Err(e.to_string()),
@@ -249,6 +383,8 @@ struct Ctx<'a> {
     config: AllocatorConfig,
     trace_capacity: Option<u64>,
     own_settings: bool,
+    /// Set on the own replay's allocator ([`replay_speculating`] under a maximum it tries).
+    probe: Option<allocsim_model::allocator::LimitProbe>,
 }
 
 enum Pass {
@@ -487,8 +623,6 @@ struct Speculating {
     seen: Vec<TraceEntry>,
     /// Recorded addresses were learned (else the devices' lists are the whole trace's: empty).
     learned: bool,
-    /// How many of the replay's segment events were found to be the recorded ones.
-    compared: usize,
     addresses: crate::replay::RecordedAddresses,
     memory: crate::budget::DeviceMemory,
     segments: Vec<SnapshotSegment>,
@@ -534,6 +668,10 @@ struct DeviceStream<'a> {
     target: Option<Stepper<SimDevice, MapSlots>>,
     /// The requests of the reported replay's OOMs.
     oom_requests: Vec<Request>,
+    /// How many of the own replay's segment events were found to be the recorded ones, and the
+    /// first that is not.
+    compared: usize,
+    diverged: Option<usize>,
 }
 
 impl<'a> DeviceStream<'a> {
@@ -557,7 +695,6 @@ impl<'a> DeviceStream<'a> {
             Box::new(Speculating {
                 seen: Vec::new(),
                 learned: false,
-                compared: 0,
                 addresses: crate::replay::RecordedAddresses::new(device_memory),
                 memory: memory.clone(),
                 segments: segments.clone(),
@@ -586,7 +723,8 @@ impl<'a> DeviceStream<'a> {
             outside: Default::default(),
         };
         let stepper = |o: &ReplayOptions| Stepper::new(o, SimDevice::new(device_memory, o.placement.clone()), MapSlots::default(), &[], None);
-        let own = stepper(&own_options);
+        let mut own = stepper(&own_options);
+        own.alloc.limit_probe = ctx.probe.clone();
         let target = (!ctx.own_settings).then(|| stepper(&options));
         let segment_allocs = segment_entries.iter().filter(|e| e.action == Action::SegmentAlloc).map(|e| e.addr);
         DeviceStream {
@@ -613,6 +751,8 @@ impl<'a> DeviceStream<'a> {
             own,
             target,
             oom_requests: Vec::new(),
+            compared: 0,
+            diverged: None,
         }
     }
 
@@ -670,19 +810,55 @@ impl<'a> DeviceStream<'a> {
         let queue = &mut self.queue;
         self.builder.push(e, &mut |b| queue.push_back(b.into()));
         self.step(false);
-        if let Some(sp) = &mut self.speculation {
-            // A replay that leaves the recorded segment events (as a trace that starts
-            // mid-history does, or one under other settings than those assumed) stops at once:
-            // its answer would rarely be taken, and it would take the first pass's core.
-            let simulated = self.own.segment_events();
-            while sp.compared < sp.seen.len().min(simulated.len()) {
-                if !crate::budget::same_segment_event(&sp.seen[sp.compared], &simulated[sp.compared]) {
-                    return Err(format!("device {}'s replay leaves its recorded segment events", self.device));
+        self.compare_segment_events()
+    }
+
+    /// Compares the own replay's new segment events with the recorded ones. `Err` where the
+    /// answer is already known to come from the in-memory replay:
+    /// * a speculating replay that leaves the recorded segment events (as a trace that starts
+    ///   mid-history does, or one under other settings than those assumed) stops at once: its
+    ///   answer would rarely be taken, and it would take the first pass's core;
+    /// * otherwise, once the difference is one a memory budget may explain (see
+    ///   [`crate::budget::budget_may_explain`]: a release where the recording does something
+    ///   else, or a trace with OOM entries), which [`DeviceStream::finish`] would find at the end,
+    ///   unless the budget is given or a second pass may replay differently (a free decided
+    ///   before the trace's cross-stream frees were known).
+    fn compare_segment_events(&mut self) -> Result<(), String> {
+        let speculating = self.speculation.is_some();
+        if !speculating && self.budget.kind.is_some() {
+            return Ok(());
+        }
+        let simulated = self.own.segment_events();
+        if self.diverged.is_none() {
+            let recorded = match &self.speculation {
+                Some(sp) => sp.seen.as_slice(),
+                None => self.segment_entries,
+            };
+            while self.compared < simulated.len() {
+                match recorded.get(self.compared) {
+                    Some(r) if crate::budget::same_segment_event(r, &simulated[self.compared]) => self.compared += 1,
+                    // (What a speculating replay learns so far is not yet the whole list.)
+                    None if speculating => break,
+                    _ => {
+                        self.diverged = Some(self.compared);
+                        break;
+                    }
                 }
-                sp.compared += 1;
             }
         }
+        let Some(i) = self.diverged else { return Ok(()) };
+        if speculating {
+            return Err(format!("device {}'s replay leaves its recorded segment events", self.device));
+        }
+        let release = matches!(simulated[i].action, "segment_free" | "segment_unmap");
+        if (release || !self.reserved_before_oom.is_empty()) && !self.builder.speculated() {
+            return Err(self.needs_budget());
+        }
         Ok(())
+    }
+
+    fn needs_budget(&self) -> String {
+        format!("device {}'s own replay needs the memory budget inferred from its whole trace", self.device)
     }
 
     /// Applies the queued ops whose decisions can be made (all of them when `done`).
@@ -730,11 +906,16 @@ impl<'a> DeviceStream<'a> {
             // event.
             let misses = self.own.alloc.device.recorded_misses() + self.target.as_ref().map_or(0, |t| t.alloc.device.recorded_misses());
             let misses = if sp.learned { misses } else { 0 };
-            let memory_holds = sp.memory.source == crate::budget::DeviceMemorySource::Given
-                || crate::budget::infer_device_memory(&sp.seen, &sp.segments, sp.large_segment_size) == sp.memory;
-            if misses > 0 || !memory_holds {
+            // The replay depends on the device's memory in bytes alone; the summary also says
+            // how it is known, which the whole trace tells (expandable segments' reservations).
+            let memory = match sp.memory.source {
+                crate::budget::DeviceMemorySource::Given => Some(sp.memory.clone()),
+                _ => Some(crate::budget::infer_device_memory(&sp.seen, &sp.segments, sp.large_segment_size)).filter(|m| m.bytes == sp.memory.bytes),
+            };
+            let Some(memory) = memory.filter(|_| misses == 0) else {
                 return Ok((Finished::Fallback("the speculation did not hold".into()), seen));
-            }
+            };
+            self.budget.device_memory = memory;
             // The placement the summary reports: the whole recorded list, as a first pass gives it.
             self.options.placement = recorded_placement_from(&sp.seen, self.device_memory, None);
         }
@@ -761,8 +942,7 @@ impl<'a> DeviceStream<'a> {
             && crate::budget::budget_may_explain(segment_entries, self.own.segment_events(), !self.reserved_before_oom.is_empty())
         {
             // The trace's own replay needs its memory budget inferred, which takes the whole trace.
-            let why = format!("device {}'s own replay needs the memory budget inferred from its whole trace", self.device);
-            return Ok((Finished::Fallback(why), seen));
+            return Ok((Finished::Fallback(self.needs_budget()), seen));
         }
         if self.own_settings
             && private_pool_signature(segment_entries)

@@ -2218,11 +2218,85 @@ impl PickleFile {
         vm.into_snapshot()
     }
 
+    /// The settings torch wrote near the end of a plain file, read from its last
+    /// [`TAIL_SETTINGS`] bytes alone: torch writes `allocator_settings` after the traces, with
+    /// only `external_annotations` after it. What a replay that starts before the first pass has
+    /// read the file may assume (the first pass then checks it). `None` for a gzip'd file (its
+    /// end is reached only by decompressing all of it), and where those bytes do not hold the
+    /// key and a value the general decoder reads on its own (one that refers to an earlier memo
+    /// entry, say).
+    pub fn tail_settings(&self) -> Option<RecordedSettings> {
+        let tail = match &self.bytes {
+            Some(b) => b[b.len().saturating_sub(TAIL_SETTINGS as usize)..].to_vec(),
+            None if !self.gzip => {
+                use std::io::{Seek, SeekFrom};
+                let mut f = std::fs::File::open(&self.path).ok()?;
+                let len = f.metadata().ok()?.len();
+                f.seek(SeekFrom::Start(len.saturating_sub(TAIL_SETTINGS))).ok()?;
+                let mut v = Vec::new();
+                f.read_to_end(&mut v).ok()?;
+                v
+            }
+            None => return None,
+        };
+        settings_in_tail(&tail)
+    }
+
     /// The events, in file order, as `(device, entry)` (every `stack` and `meta` 0). After the
     /// first error the iterator ends; [`TraceError::Unstreamable`] means: read the file whole.
     pub fn events(&self) -> Result<Events, TraceError> {
         Ok(Events { vm: Some(Vm::new(self.input()?, Mode::Events)), at: 0 })
     }
+}
+
+/// How much of a plain file's end [`PickleFile::tail_settings`] reads.
+pub const TAIL_SETTINGS: u64 = 1 << 20;
+
+/// The `allocator_settings` value in the last bytes of a snapshot pickle (see
+/// [`PickleFile::tail_settings`]): the bytes after the key, up to the next key torch writes
+/// (`external_annotations`) or the top-level dict's `SETITEMS` and `STOP`, decoded as a pickle
+/// of their own (a reference to an earlier memo entry fails it, but for the one an unset
+/// `PYTORCH_CUDA_ALLOC_CONF` makes) and converted as the whole-file decoders convert them.
+fn settings_in_tail(tail: &[u8]) -> Option<RecordedSettings> {
+    const KEY: &[u8] = b"\x8c\x12allocator_settings";
+    const NEXT: &[u8] = b"\x8c\x14external_annotations";
+    let mut start = memchr::memmem::rfind(tail, KEY)? + KEY.len();
+    // The key's memo put, if any.
+    start += match tail.get(start)? {
+        0x94 => 1,
+        b'q' => 2,
+        b'r' => 5,
+        _ => 0,
+    };
+    let rest = tail.get(start..)?;
+    let end = memchr::memmem::find(rest, NEXT).unwrap_or(rest.len().checked_sub(2)?);
+    let mut value = rest[..end].to_vec();
+    // `PYTORCH_CUDA_ALLOC_CONF` unset is the empty string, which CPython interns: the pickle
+    // refers to where it first wrote it, before the tail. Taken for the empty string (what else
+    // the reference could be is a string written earlier, which a setting's is not).
+    const CONF: &[u8] = b"\x8c\x17PYTORCH_CUDA_ALLOC_CONF";
+    if let Some(k) = memchr::memmem::find(&value, CONF) {
+        let mut v = k + CONF.len();
+        if value.get(v) == Some(&0x94) {
+            v += 1;
+        }
+        let get = match value.get(v) {
+            Some(b'h') => 2,
+            Some(b'j') => 5,
+            _ => 0,
+        };
+        if get > 0 && v + get <= value.len() {
+            value.splice(v..v + get, [0x8c, 0]);
+        }
+    }
+    let mut p = Vec::with_capacity(value.len() + 3);
+    p.extend_from_slice(&[0x80, 4]);
+    p.extend_from_slice(&value);
+    p.push(b'.');
+    let d = pickle::decode(&p).ok()?;
+    let root = d.root();
+    matches!(root, Value::Dict(_)).then_some(())?;
+    crate::snapshot::header_from_decoded(&d, None, Some(root), None).ok().map(|(_, s)| s)
 }
 
 /// The entries of a snapshot pickle as a stream: see [`PickleFile::events`].
