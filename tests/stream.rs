@@ -246,6 +246,22 @@ fn the_cli_prints_the_same_for_pickles_either_way() {
     for rel in ["tests/fixtures/robust/two_devices.pickle", "tests/fixtures/robust/far_addr.pickle", "tests/fixtures/robust/huge_size.pickle", "tests/fixtures/robust/unknown_action.pickle", "tests/fixtures/robust/negative_addr.pickle", "tests/fixtures/robust/bigint_addr.pickle"] {
         traces.push(root(rel));
     }
+    // The repository's traces plain as well (the settings are then read from the file's end
+    // first, for the replay beside the first pass).
+    let plain: Vec<TempFile> = all_traces()
+        .into_iter()
+        .filter(|p| p.starts_with(root("traces")))
+        .map(|p| {
+            use std::io::Read;
+            let t = TempFile::new(&format!("plain-{}", p.file_name().unwrap().to_str().unwrap().trim_end_matches(".gz")));
+            let mut out = Vec::new();
+            flate2::read::GzDecoder::new(&std::fs::read(&p).unwrap()[..]).read_to_end(&mut out).unwrap();
+            std::fs::write(&t.0, out).unwrap();
+            t
+        })
+        .collect();
+    assert!(plain.len() >= 14, "only {} traces in traces/", plain.len());
+    traces.extend(plain.iter().map(|t| t.0.clone()));
     let check = |path: &PathBuf| {
         let p = path.to_str().unwrap();
         for extra in [&[][..], &["--json"][..], &["--json", "--config", "expandable_segments:True"][..]] {
@@ -727,7 +743,9 @@ fn the_replay_beside_the_first_pass_answers_as_after_it() {
                 assert_eq!(a.outcome.stats.to_memory_stats(), b.outcome.stats.to_memory_stats(), "{what}: memory_stats");
                 assert_eq!(a.outcome.segment_events, b.outcome.segment_events, "{what}: segment events");
                 assert_eq!(a.outcome.ooms, b.outcome.ooms, "{what}: OOMs");
-                assert_eq!(a.oom_requests, b.oom_requests, "{what}: OOM requests");
+                // (A stream's requests carry no stacks; the in-memory replay's do.)
+                let bare = |v: &[(allocsim_replay::Request, u64)]| v.iter().map(|&(r, f)| (allocsim_replay::Request { stack: 0, ..r }, f)).collect::<Vec<_>>();
+                assert_eq!(bare(&a.oom_requests), bare(&b.oom_requests), "{what}: OOM requests");
                 assert_eq!(a.outcome.empty_cache_requests, b.outcome.empty_cache_requests, "{what}: empty_cache() calls");
                 assert_eq!(a.outcome.peak_reserved, b.outcome.peak_reserved, "{what}: peak reserved");
                 assert_eq!(a.outcome.restore_failures, b.outcome.restore_failures, "{what}: restore failures");
@@ -748,9 +766,11 @@ fn the_replay_beside_the_first_pass_answers_as_after_it() {
     });
     let (answered, asked, tried) = (answered.into_inner(), asked.into_inner(), tried_answered.into_inner());
     eprintln!("answered beside the first pass: {answered} of {asked}, {tried} of them under an allowed maximum tried");
-    // 88 of 474 when this was written: the rest fall back (mid-history, budgets to infer, private
-    // pools) or leave their recorded segment events under the trace's own settings.
-    assert!(answered >= 80, "answered beside the first pass: only {answered} of {asked}");
+    // 155 of 588 when this was written, 4 of them under a maximum tried (the kvcache recordings
+    // under a cap): the rest fall back (mid-history, private pools, budgets whose refinement
+    // narrows the bounds) or leave their recorded segment events under the trace's own settings.
+    assert!(answered >= 140, "answered beside the first pass: only {answered} of {asked}");
+    assert!(tried >= 3, "answered beside the first pass under an allowed maximum tried: only {tried}");
 }
 
 /// The settings `allocsim replay` assumes while a pickle's first pass is still reading
