@@ -701,6 +701,7 @@ fn the_replay_beside_the_first_pass_answers_as_after_it() {
     assert!(traces.len() >= 20, "the repository's traces are missing");
     let answered = std::sync::atomic::AtomicUsize::new(0);
     let tried_answered = std::sync::atomic::AtomicUsize::new(0);
+    let expandable_guessed = std::sync::atomic::AtomicUsize::new(0);
     let asked = std::sync::atomic::AtomicUsize::new(0);
     let check = |path: &PathBuf| {
         let name = path.file_name().unwrap().to_str().unwrap();
@@ -715,7 +716,19 @@ fn the_replay_beside_the_first_pass_answers_as_after_it() {
         for (label, spec) in questions {
             let what = format!("{name}, {label}");
             asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Ok(beside) = replay_speculating(&scan.segments, &scan.settings, &spec, file.events().unwrap()) else { continue };
+            // The default question assumes torch's default settings for a trace recorded with
+            // expandable segments (as for a gzip'd file): the replay sees pages mapped, and
+            // assumes expandable segments.
+            let guessed = label == "own settings and budget" && scan.settings == allocsim_trace::RecordedSettings::torch_expandable();
+            let assumed = if guessed { allocsim_trace::RecordedSettings::torch_default() } else { scan.settings.clone() };
+            let Ok(beside) = replay_speculating(&scan.segments, &assumed, &spec, file.events().unwrap()) else { continue };
+            if beside.settings != scan.settings {
+                // (What `allocsim replay` checks once the file is read.)
+                continue;
+            }
+            if guessed {
+                expandable_guessed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             let learned = beside.segment_entries.clone();
             // Under an allowed maximum it tried: the in-memory replay's answer (which infers
             // the budget), when the maximum tried is the one inferred.
@@ -765,12 +778,17 @@ fn the_replay_beside_the_first_pass_answers_as_after_it() {
         h.join().unwrap();
     });
     let (answered, asked, tried) = (answered.into_inner(), asked.into_inner(), tried_answered.into_inner());
-    eprintln!("answered beside the first pass: {answered} of {asked}, {tried} of them under an allowed maximum tried");
+    eprintln!(
+        "answered beside the first pass: {answered} of {asked}, {tried} of them under an allowed maximum tried, {} with expandable segments guessed",
+        expandable_guessed.load(std::sync::atomic::Ordering::Relaxed)
+    );
     // 155 of 588 when this was written, 4 of them under a maximum tried (the kvcache recordings
     // under a cap): the rest fall back (mid-history, private pools, budgets whose refinement
     // narrows the bounds) or leave their recorded segment events under the trace's own settings.
     assert!(answered >= 140, "answered beside the first pass: only {answered} of {asked}");
     assert!(tried >= 3, "answered beside the first pass under an allowed maximum tried: only {tried}");
+    let guessed = expandable_guessed.into_inner();
+    assert!(guessed >= 5, "answered beside the first pass with expandable segments guessed: only {guessed}");
 }
 
 /// The settings `allocsim replay` assumes while a pickle's first pass is still reading
@@ -783,5 +801,12 @@ fn the_assumed_settings_are_what_torch_records_by_default() {
     for path in defaults {
         let snap = read_trace(&path).unwrap();
         assert_eq!(snap.settings, allocsim_trace::RecordedSettings::torch_default(), "{}", path.display());
+    }
+    // And where pages were mapped (a gzip'd file), `expandable_segments:True`'s.
+    let expandable: Vec<PathBuf> = all_traces().into_iter().chain(field_traces()).filter(|p| p.to_str().unwrap().contains("__expandable")).collect();
+    assert!(expandable.len() >= 10, "the recordings with expandable segments are missing ({})", expandable.len());
+    for path in expandable {
+        let snap = read_trace(&path).unwrap();
+        assert_eq!(snap.settings, allocsim_trace::RecordedSettings::torch_expandable(), "{}", path.display());
     }
 }

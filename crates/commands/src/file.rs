@@ -185,7 +185,7 @@ fn first_pass_replaying(file: &PickleFile, max_entries: u64, options: &ReplayOpt
                 let _ = std::fs::write(path, format!("{:?}\n", speculated.as_ref().map(|_| "answered")));
             }
             let speculated = speculated.ok()?;
-            Some(Beside { settings, segments, speculated })
+            Some(Beside { settings: speculated.settings.clone(), segments, speculated })
         });
         let first = file.first_pass_teed(max_entries, tee);
         match replay.join() {

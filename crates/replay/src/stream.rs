@@ -179,6 +179,9 @@ where
 pub struct Speculated {
     pub summaries: Vec<ReplaySummary>,
     pub segment_entries: Vec<Vec<TraceEntry>>,
+    /// The settings it assumed in the end (those given, or expandable segments where pages were
+    /// mapped).
+    pub settings: RecordedSettings,
     /// Replayed under an allowed maximum it tried (the summaries' budget is that one, given):
     /// the value, and the flips of every comparison the replay made with it
     /// ([`CachingAllocator::limit_probe`]). Its answer is the in-memory replay's only with the
@@ -240,19 +243,20 @@ where
     if segments.iter().any(|s| s.pool_id != (0, 0)) {
         return Err("final segments in private pools".into());
     }
-    let (own, config) = spec.configs(settings).map_err(|e| e.to_string())?;
-    let input = StreamInput { settings, devices: None, segments, segment_entries: &[] };
-    let trace_capacity = spec.trace_capacity_for(&own, &config);
-    let own_settings = same_settings(&config, &own) && spec.capacity.or(trace_capacity) == trace_capacity;
+    let mut settings = settings.clone();
     let mut events = events;
     let read_error = |_| "a read error".to_string();
-    // The entries so far, for a replay that starts again under a maximum (tried only on one
-    // device's trace, and where none is given), and the bounds they give it.
+    // The entries so far, for a replay that starts again (tried only on one device's trace),
+    // and the bounds they give the allowed maximum.
     let mut kept: Vec<TraceEntry> = Vec::new();
-    let mut keep = trace_capacity.is_none();
+    let mut keep = true;
     let mut tried: Option<u64> = None;
     let mut walker: Option<crate::budget::Walker> = None;
     for attempt in 0.. {
+        let (own, config) = spec.configs(&settings).map_err(|e| e.to_string())?;
+        let input = StreamInput { settings: &settings, devices: None, segments, segment_entries: &[] };
+        let trace_capacity = spec.trace_capacity_for(&own, &config);
+        let own_settings = same_settings(&config, &own) && spec.capacity.or(trace_capacity) == trace_capacity;
         let probe: Option<allocsim_model::allocator::LimitProbe> = tried.map(|_| Default::default());
         let own_settings = match tried {
             Some(c) => same_settings(&config, &own) && spec.capacity.is_none_or(|x| x == c),
@@ -305,10 +309,21 @@ where
         }
         let Some((why, mut next)) = left else {
             let checks = probe.map(|p| std::mem::take(&mut *p.lock().expect("limit probe")));
-            return speculated::<E>(r, tried.zip(checks));
+            return speculated::<E>(r, settings.clone(), tried.zip(checks));
         };
         let Some(device_memory) = r.streams.first().and_then(Option::as_ref).map(|s| s.device_memory) else { return Err(why) };
         if !keep || r.streams.len() != 1 || attempt >= MAX_TRIED {
+            return Err(why);
+        }
+        drop(r);
+        let expandable = RecordedSettings::torch_expandable();
+        if tried.is_none() && settings != expandable && kept.iter().find(|e| e.action.is_segment_event()).is_some_and(|e| e.action == Action::SegmentMap) {
+            // Pages mapped where segments were assumed (a gzip'd file, whose settings come last):
+            // expandable segments, most likely set as their documentation spells them.
+            settings = expandable;
+            continue;
+        }
+        if trace_capacity.is_some() {
             return Err(why);
         }
         let w = walker.get_or_insert_with(|| {
@@ -346,11 +361,11 @@ where
 /// How many allowed maxima [`replay_speculating`] tries, one after another.
 const MAX_TRIED: usize = 6;
 
-/// The end of [`replay_speculating`]'s replay.
-fn speculated<E>(r: Replayer<'_, '_>, tried: Option<(u64, Vec<u64>)>) -> Result<Speculated, String> {
+/// The end of [`replay_speculating`]'s replay, which assumed `settings`.
+fn speculated<E>(r: Replayer<'_, '_>, settings: RecordedSettings, tried: Option<(u64, Vec<u64>)>) -> Result<Speculated, String> {
     let learned = r.streams.iter().map(|s| s.as_ref().and_then(|s| s.speculation.as_ref()).map_or(Vec::new(), |sp| sp.seen.clone())).collect();
     match r.finish::<E>() {
-        Ok(Pass::Done(summaries)) => Ok(Speculated { summaries, segment_entries: learned, tried }),
+        Ok(Pass::Done(summaries)) => Ok(Speculated { summaries, segment_entries: learned, settings, tried }),
         Ok(Pass::Fallback(why)) => Err(why),
         Ok(Pass::Again(_)) => Err("a second pass is needed (cross-stream frees learned late)".into()),
         Err(StreamError::Run(e)) => Err(e.to_string()),

@@ -279,6 +279,11 @@ impl RecordedSettings {
             present: true,
         }
     }
+
+    /// What torch 2.11 records with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.
+    pub fn torch_expandable() -> RecordedSettings {
+        RecordedSettings { alloc_conf: Some("expandable_segments:True".into()), expandable_segments: Some(true), ..RecordedSettings::torch_default() }
+    }
 }
 
 /// A decoded memory snapshot: what `torch.cuda.memory._snapshot()` returned.
