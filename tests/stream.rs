@@ -721,7 +721,7 @@ fn the_replay_beside_the_first_pass_answers_as_after_it() {
             // assumes expandable segments.
             let guessed = label == "own settings and budget" && scan.settings == allocsim_trace::RecordedSettings::torch_expandable();
             let assumed = if guessed { allocsim_trace::RecordedSettings::torch_default() } else { scan.settings.clone() };
-            let Ok(beside) = replay_speculating(&scan.segments, &assumed, &spec, file.events().unwrap()) else { continue };
+            let Ok(beside) = replay_speculating(&scan.segments, &assumed, &spec, allocsim_trace::Keeping::new(file.events().unwrap())) else { continue };
             if beside.settings != scan.settings {
                 // (What `allocsim replay` checks once the file is read.)
                 continue;

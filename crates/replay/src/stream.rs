@@ -235,7 +235,7 @@ impl Speculated {
 /// ([`Speculated::tried`]).
 pub fn replay_speculating<I, E>(segments: &[SnapshotSegment], settings: &RecordedSettings, spec: &ReplaySpec<'_>, events: I) -> Result<Speculated, String>
 where
-    I: Iterator<Item = Result<(usize, TraceEntry), E>>,
+    I: Iterator<Item = Result<(usize, TraceEntry), E>> + allocsim_trace::Rewind,
 {
     if spec.addresses_from.is_some() || spec.placements.is_some() {
         return Err("the question takes more than one pass".into());
@@ -246,9 +246,8 @@ where
     let mut settings = settings.clone();
     let mut events = events;
     let read_error = |_| "a read error".to_string();
-    // The entries so far, for a replay that starts again (tried only on one device's trace),
-    // and the bounds they give the allowed maximum.
-    let mut kept: Vec<TraceEntry> = Vec::new();
+    // A replay starts again (only on one device's trace) from the entries read so far
+    // (`Rewind`), and the bounds they give the allowed maximum.
     let mut keep = true;
     let mut tried: Option<u64> = None;
     let mut walker: Option<crate::budget::Walker> = None;
@@ -275,21 +274,19 @@ where
         let mut r = Replayer::new(&ctx, &[]);
         // Why this replay stopped, and the maximum to try next.
         let mut left: Option<(String, Option<u64>)> = None;
-        if kept.iter().any(|&e| !r.push(0, e)) {
+        let stopped = match events.read_so_far() {
+            Some(mut again) => again.any(|(_, e)| !r.push(0, e)),
+            None => return Err("the entries read were not kept".into()),
+        };
+        if stopped {
             left = Some((r.fallback.take().unwrap_or_default(), None));
         }
         if left.is_none() {
             for item in events.by_ref() {
                 let (d, e) = item.map_err(read_error)?;
-                if d != 0 {
-                    keep = false;
-                    kept = Vec::new();
-                }
-                if keep {
-                    kept.push(e);
-                    if let Some(w) = &mut walker {
-                        w.push(&e);
-                    }
+                keep &= d == 0;
+                if let Some(w) = walker.as_mut().filter(|_| keep) {
+                    w.push(&e);
                 }
                 if !r.push(d, e) {
                     left = Some((r.fallback.take().unwrap_or_default(), None));
@@ -317,7 +314,11 @@ where
         }
         drop(r);
         let expandable = RecordedSettings::torch_expandable();
-        if tried.is_none() && settings != expandable && kept.iter().find(|e| e.action.is_segment_event()).is_some_and(|e| e.action == Action::SegmentMap) {
+        let maps = match events.read_so_far() {
+            Some(mut read) => read.find(|(_, e)| e.action.is_segment_event()).is_some_and(|(_, e)| e.action == Action::SegmentMap),
+            None => return Err(why),
+        };
+        if tried.is_none() && settings != expandable && maps {
             // Pages mapped where segments were assumed (a gzip'd file, whose settings come last):
             // expandable segments, most likely set as their documentation spells them.
             settings = expandable;
@@ -326,9 +327,13 @@ where
         if trace_capacity.is_some() {
             return Err(why);
         }
+        // Under a maximum tried, a replay may start again later in the trace.
+        events.keep_all();
         let w = walker.get_or_insert_with(|| {
             let mut w = crate::budget::Walker::new(&own, device_memory);
-            kept.iter().for_each(|e| w.push(e));
+            if let Some(read) = events.read_so_far() {
+                read.for_each(|(_, e)| w.push(&e));
+            }
             w
         });
         next = next.or_else(|| w.capacity_to_try());
@@ -340,7 +345,6 @@ where
                 if dev != 0 {
                     return Err(why);
                 }
-                kept.push(e);
                 w.push(&e);
                 if e.action == Action::Oom {
                     next = w.capacity_to_try();

@@ -286,6 +286,45 @@ impl RecordedSettings {
     }
 }
 
+/// A stream of `(device, entry)` that can give back what it has yielded so far, for a replay
+/// that starts again from the first entry ([`pickle_stream::TeeEvents`] keeps the batches it has
+/// read; [`Keeping`] copies what another iterator yields).
+pub trait Rewind {
+    /// The entries yielded so far, in order; `None` where they were not all kept.
+    fn read_so_far(&self) -> Option<impl Iterator<Item = (usize, TraceEntry)> + '_>;
+    /// Keep every entry from now on (where only some are kept by default).
+    fn keep_all(&mut self) {}
+}
+
+/// An iterator of `(device, entry)` that keeps a copy of what it yields ([`Rewind`]).
+pub struct Keeping<I> {
+    inner: I,
+    read: Vec<(usize, TraceEntry)>,
+}
+
+impl<I> Keeping<I> {
+    pub fn new(inner: I) -> Keeping<I> {
+        Keeping { inner, read: Vec::new() }
+    }
+}
+
+impl<I: Iterator<Item = Result<(usize, TraceEntry), E>>, E> Iterator for Keeping<I> {
+    type Item = Result<(usize, TraceEntry), E>;
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = self.inner.next()?;
+        if let Ok(x) = &item {
+            self.read.push(*x);
+        }
+        Some(item)
+    }
+}
+
+impl<I> Rewind for Keeping<I> {
+    fn read_so_far(&self) -> Option<impl Iterator<Item = (usize, TraceEntry)> + '_> {
+        Some(self.read.iter().copied())
+    }
+}
+
 /// A decoded memory snapshot: what `torch.cuda.memory._snapshot()` returned.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {

@@ -696,7 +696,7 @@ impl Tee {
 pub fn tee() -> (Tee, TeeEvents) {
     let (tx, rx) = mpsc::channel();
     let tee = Tee { tx, batch: Vec::with_capacity(TEE_BATCH), segments_sent: false, gone: false };
-    (tee, TeeEvents { rx, batch: Vec::new(), at: 0, ended: false, pending: None })
+    (tee, TeeEvents { rx, batch: Vec::new(), at: 0, ended: false, pending: None, read: Some(Vec::new()), keep: TEE_KEEP })
 }
 
 /// What a [`PickleFile::first_pass_teed`] reads, as it reads it: first the final segments
@@ -711,6 +711,36 @@ pub struct TeeEvents {
     ended: bool,
     /// A message [`TeeEvents::segments`] received that was not the segments.
     pending: Option<TeeMsg>,
+    /// The batches read to the end, kept for [`crate::Rewind::read_so_far`] (moved, not
+    /// copied), while they hold at most `keep` entries (then dropped, and `None` kept).
+    read: Option<Vec<Vec<(usize, TraceEntry)>>>,
+    keep: usize,
+}
+
+/// How many entries a [`TeeEvents`] keeps for [`crate::Rewind::read_so_far`] unless told to keep
+/// them all: what they cost is the memory the first pass then allocates afresh for its batches.
+pub const TEE_KEEP: usize = 1 << 16;
+
+impl TeeEvents {
+    fn done_with(&mut self, batch: Vec<(usize, TraceEntry)>) {
+        if let Some(read) = &mut self.read {
+            let held: usize = read.iter().map(Vec::len).sum();
+            if held + batch.len() <= self.keep {
+                read.push(batch);
+            } else {
+                self.read = None;
+            }
+        }
+    }
+}
+
+impl crate::Rewind for TeeEvents {
+    fn read_so_far(&self) -> Option<impl Iterator<Item = (usize, TraceEntry)> + '_> {
+        Some(self.read.as_ref()?.iter().flatten().chain(&self.batch[..self.at]).copied())
+    }
+    fn keep_all(&mut self) {
+        self.keep = usize::MAX;
+    }
 }
 
 impl TeeEvents {
@@ -747,15 +777,20 @@ impl Iterator for TeeEvents {
                 None => self.rx.recv(),
             };
             match m {
-                Ok(TeeMsg::Entries(b)) => self.batch = b,
+                Ok(TeeMsg::Entries(b)) => {
+                    let done = std::mem::replace(&mut self.batch, b);
+                    self.done_with(done);
+                }
                 Ok(TeeMsg::Segments(_)) => {}
                 Ok(TeeMsg::End) => {
-                    self.batch.clear();
+                    let done = std::mem::take(&mut self.batch);
+                    self.done_with(done);
                     self.ended = true;
                     return None;
                 }
                 Err(_) => {
-                    self.batch.clear();
+                    let done = std::mem::take(&mut self.batch);
+                    self.done_with(done);
                     self.ended = true;
                     return Some(Err(TraceError::Unstreamable("the first pass stopped keeping entries".into())));
                 }

@@ -66,12 +66,30 @@ fn check(file: &PickleFile, whole: &Snapshot, what: &str) {
     // writes them before the traces) and the entries, which end with an error when the pass
     // stops keeping them.
     let flat: Vec<(usize, TraceEntry)> = bare.iter().enumerate().flat_map(|(d, t)| t.iter().map(move |e| (d, *e))).collect();
-    for max in [n, n.saturating_sub(1)] {
+    for (max, keep_all) in [(n, false), (n, true), (n.saturating_sub(1), false)] {
         let (tee, mut teed) = allocsim_trace::pickle_stream::tee();
         let (first, early, items) = std::thread::scope(|s| {
             let h = s.spawn(move || {
+                use allocsim_trace::Rewind;
                 let early = teed.segments();
-                let items: Vec<Result<(usize, TraceEntry), TraceError>> = teed.collect();
+                if keep_all {
+                    teed.keep_all();
+                }
+                // What it gives back ([`Rewind`]) is what it yielded, while it keeps that.
+                let mut items: Vec<Result<(usize, TraceEntry), TraceError>> = Vec::new();
+                let mut yielded: Vec<(usize, TraceEntry)> = Vec::new();
+                while let Some(item) = teed.next() {
+                    if let Ok(x) = &item {
+                        yielded.push(*x);
+                    }
+                    items.push(item);
+                    if yielded.len() % 997 == 1 || items.len() as u64 == n {
+                        match teed.read_so_far() {
+                            Some(read) => assert!(read.eq(yielded.iter().copied()), "{what}: entries given back after {}", yielded.len()),
+                            None => assert!(!keep_all && yielded.len() > allocsim_trace::pickle_stream::TEE_KEEP, "{what}: entries not kept after {}", yielded.len()),
+                        }
+                    }
+                }
                 (early, items)
             });
             let first = file.first_pass_teed(max, tee).unwrap_or_else(|e| panic!("{what}: teed first pass: {e}"));
