@@ -710,12 +710,11 @@ pub fn speculated(trace: &[TraceEntry], own: &AllocatorConfig, device_memory: De
     if !w.full.is_empty() || w.allowed_ooms.is_empty() {
         return None;
     }
-    let budget = walked(&w, device_memory);
     let bounds = Bounds::of(&w, own, d, true, |req| sizes.get(req as usize).copied().unwrap_or(0));
     if bounds.note.is_some() || checks.iter().any(|&v| bounds.lo < v && v <= bounds.hi) || pick_used(bounds.lo, bounds.hi) != tried {
         return None;
     }
-    let mut budget = budget;
+    let mut budget = walked(&w, device_memory);
     let mut from = budget.from.clone();
     from.extend(&bounds.from);
     let refined = Refined { lo: bounds.lo, hi: bounds.hi, from: Vec::new(), unexplained: Vec::new(), gaps: false };

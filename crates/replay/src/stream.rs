@@ -255,19 +255,17 @@ where
         let (own, config) = spec.configs(&settings).map_err(|e| e.to_string())?;
         let input = StreamInput { settings: &settings, devices: None, segments, segment_entries: &[] };
         let trace_capacity = spec.trace_capacity_for(&own, &config);
-        let own_settings = same_settings(&config, &own) && spec.capacity.or(trace_capacity) == trace_capacity;
+        // (Under a maximum tried, the question is the trace's own unless it asks for another.)
+        let capacity = tried.or(trace_capacity);
+        let own_settings = same_settings(&config, &own) && spec.capacity.or(capacity) == capacity;
         let probe: Option<allocsim_model::allocator::LimitProbe> = tried.map(|_| Default::default());
-        let own_settings = match tried {
-            Some(c) => same_settings(&config, &own) && spec.capacity.is_none_or(|x| x == c),
-            None => own_settings,
-        };
         let ctx = Ctx {
             input: &input,
             speculating: true,
             spec,
             own: own.clone(),
             config: config.clone(),
-            trace_capacity: tried.or(trace_capacity),
+            trace_capacity: capacity,
             own_settings,
             probe: probe.clone(),
         };
