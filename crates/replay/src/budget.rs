@@ -822,14 +822,17 @@ fn matching_prefix(simulated: &[SegmentEvent], trace: &[TraceEntry]) -> usize {
 /// [`infer`] asks of it before it is the answer ([`budget_may_explain`], [`reproduces`],
 /// [`matching_prefix`]) depends only on the events up to that difference; `whole` runs the rest.
 enum Plain<'a> {
-    Whole(ReplayOutcome),
-    Partial(Box<ProgramReplay<'a, SimDevice, Box<dyn FnMut(&CachingAllocator<SimDevice>, usize) -> bool + 'a>>>),
+    Whole(Box<ReplayOutcome>),
+    Partial(Box<ProgramReplay<'a, SimDevice, InferredCalls<'a>>>),
 }
+
+/// `empty_cache_calls(…, EmptyCacheCalls::Infer(…))`, boxed.
+type InferredCalls<'a> = Box<dyn FnMut(&CachingAllocator<SimDevice>, usize) -> bool + 'a>;
 
 impl<'a> Plain<'a> {
     fn up_to_difference(program: &'a Program, opts: &ReplayOptions, trace: &'a [TraceEntry], recorded: &[TraceEntry]) -> Plain<'a> {
         let device = SimDevice::new(opts.device_memory, opts.placement.clone());
-        let calls: Box<dyn FnMut(&CachingAllocator<SimDevice>, usize) -> bool + 'a> = Box::new(empty_cache_calls(program, EmptyCacheCalls::Infer(trace)));
+        let calls: InferredCalls<'a> = Box::new(empty_cache_calls(program, EmptyCacheCalls::Infer(trace)));
         let mut r = ProgramReplay::new(program, opts, device, calls);
         let mut compared = 0;
         while r.step() {
@@ -841,7 +844,7 @@ impl<'a> Plain<'a> {
                 compared += 1;
             }
         }
-        Plain::Whole(r.finish(|_, _| {}))
+        Plain::Whole(Box::new(r.finish(|_, _| {})))
     }
 
     fn segment_events(&self) -> &[SegmentEvent] {
@@ -862,7 +865,7 @@ impl<'a> Plain<'a> {
 
     fn whole(self) -> ReplayOutcome {
         match self {
-            Plain::Whole(o) => o,
+            Plain::Whole(o) => *o,
             Plain::Partial(r) => r.finish(|_, _| {}),
         }
     }

@@ -270,15 +270,13 @@ where
             probe: probe.clone(),
         };
         let mut r = Replayer::new(&ctx, &[]);
-        // Why this replay stopped, and the maximum to try next.
-        let mut left: Option<(String, Option<u64>)> = None;
+        // The entries read so far first (when it starts again), then the rest.
         let stopped = match events.read_so_far() {
             Some(mut again) => again.any(|(_, e)| !r.push(0, e)),
             None => return Err("the entries read were not kept".into()),
         };
-        if stopped {
-            left = Some((r.fallback.take().unwrap_or_default(), None));
-        }
+        // Why this replay stopped, and the maximum to try next.
+        let mut left: Option<(String, Option<u64>)> = stopped.then(|| (r.fallback.take().unwrap_or_default(), None));
         if left.is_none() {
             for item in events.by_ref() {
                 let (d, e) = item.map_err(read_error)?;
