@@ -170,13 +170,7 @@ fn every_trace_streams_to_the_in_memory_answer() {
             }
         }
     };
-    // Two at a time (the machine has two cores).
-    let (even, odd): (Vec<_>, Vec<_>) = traces.iter().enumerate().partition(|(i, _)| i % 2 == 0);
-    std::thread::scope(|s| {
-        let h = s.spawn(|| even.iter().for_each(|(_, p)| check(p)));
-        odd.iter().for_each(|(_, p)| check(p));
-        h.join().unwrap();
-    });
+    on_two_threads(&traces, check);
 }
 
 /// The streaming replay of a snapshot pickle.
@@ -190,9 +184,7 @@ fn streamed_pickle(file: &PickleFile, spec: &ReplaySpec<'_>) -> Streamed {
 /// replays to the in-memory answer under every question of `specs`.
 #[test]
 fn every_pickle_streams_to_the_in_memory_answer() {
-    let mut traces = all_traces();
-    traces.extend(field_traces());
-    assert!(traces.len() >= 20, "the repository's traces are missing");
+    let traces = recorded_traces();
     let check = |path: &PathBuf| {
         let name = path.file_name().unwrap().to_str().unwrap();
         let snap = read_trace(path).unwrap();
@@ -218,12 +210,7 @@ fn every_pickle_streams_to_the_in_memory_answer() {
             }
         }
     };
-    let (even, odd): (Vec<_>, Vec<_>) = traces.iter().enumerate().partition(|(i, _)| i % 2 == 0);
-    std::thread::scope(|s| {
-        let h = s.spawn(|| even.iter().for_each(|(_, p)| check(p)));
-        odd.iter().for_each(|(_, p)| check(p));
-        h.join().unwrap();
-    });
+    on_two_threads(&traces, check);
 }
 
 /// The recordings in `traces/field` and `tests/fixtures/field`.
@@ -235,6 +222,24 @@ fn field_traces() -> Vec<PathBuf> {
         out.extend(v);
     }
     out
+}
+
+/// Every recorded trace: `traces/`, `../shared/traces`, `traces/field` and `tests/fixtures/field`.
+fn recorded_traces() -> Vec<PathBuf> {
+    let mut traces = all_traces();
+    traces.extend(field_traces());
+    assert!(traces.len() >= 20, "the repository's traces are missing");
+    traces
+}
+
+/// `check` on every item, two at a time (the machine has two cores).
+fn on_two_threads<T: Sync>(items: &[T], check: impl Fn(&T) + Sync) {
+    let (even, odd): (Vec<_>, Vec<_>) = items.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    std::thread::scope(|s| {
+        let h = s.spawn(|| even.iter().for_each(|(_, p)| check(p)));
+        odd.iter().for_each(|(_, p)| check(p));
+        h.join().unwrap();
+    });
 }
 
 /// `allocsim replay` of every trace prints the same streamed (the default for a pickle) and read
@@ -273,12 +278,7 @@ fn the_cli_prints_the_same_for_pickles_either_way() {
             assert_eq!((a.status.code(), &a.stdout, &a.stderr), (b.status.code(), &b.stdout, &b.stderr), "{p} {extra:?}");
         }
     };
-    let (even, odd): (Vec<_>, Vec<_>) = traces.iter().enumerate().partition(|(i, _)| i % 2 == 0);
-    std::thread::scope(|s| {
-        let h = s.spawn(|| even.iter().for_each(|(_, p)| check(p)));
-        odd.iter().for_each(|(_, p)| check(p));
-        h.join().unwrap();
-    });
+    on_two_threads(&traces, check);
     // A truncated pickle, plain and gzip'd: the whole-file decoder's error either way.
     let raw = {
         use std::io::Read;
@@ -582,9 +582,7 @@ fn a_dropped_mempool_is_left_to_the_in_memory_pool_search() {
 /// and the same whether a file's first pass keeps its entries or only scans it.
 #[test]
 fn what_one_pass_cannot_answer_is_read_compactly_to_the_same_answer() {
-    let mut traces = all_traces();
-    traces.extend(field_traces());
-    assert!(traces.len() >= 20, "the repository's traces are missing");
+    let traces = recorded_traces();
     let fell_back = std::sync::atomic::AtomicUsize::new(0);
     let same = |args: &[&str], what: &str| {
         let a = run(args);
@@ -627,12 +625,7 @@ fn what_one_pass_cannot_answer_is_read_compactly_to_the_same_answer() {
             assert_eq!(answer(COMPACT_FIRST_ENTRIES), answer(0), "{name}: read once or scanned first ({})", file.display());
         }
     };
-    let (even, odd): (Vec<_>, Vec<_>) = traces.iter().enumerate().partition(|(i, _)| i % 2 == 0);
-    std::thread::scope(|s| {
-        let h = s.spawn(|| even.iter().for_each(|(_, p)| check(p)));
-        odd.iter().for_each(|(_, p)| check(p));
-        h.join().unwrap();
-    });
+    on_two_threads(&traces, check);
     let n = fell_back.into_inner();
     assert!(n * 2 >= traces.len(), "only {n} of {} cut traces fell back to the in-memory replay", traces.len());
 }
@@ -696,9 +689,7 @@ fn the_replay_beside_the_reader_answers_as_on_one_thread() {
 #[test]
 fn the_replay_beside_the_first_pass_answers_as_after_it() {
     use allocsim_replay::stream::replay_speculating;
-    let mut traces = all_traces();
-    traces.extend(field_traces());
-    assert!(traces.len() >= 20, "the repository's traces are missing");
+    let traces = recorded_traces();
     let answered = std::sync::atomic::AtomicUsize::new(0);
     let tried_answered = std::sync::atomic::AtomicUsize::new(0);
     let expandable_guessed = std::sync::atomic::AtomicUsize::new(0);
@@ -771,12 +762,7 @@ fn the_replay_beside_the_first_pass_answers_as_after_it() {
             assert_eq!(learned, scan.segment_entries, "{what}: segment events learned");
         }
     };
-    let (even, odd): (Vec<_>, Vec<_>) = traces.iter().enumerate().partition(|(i, _)| i % 2 == 0);
-    std::thread::scope(|s| {
-        let h = s.spawn(|| even.iter().for_each(|(_, p)| check(p)));
-        odd.iter().for_each(|(_, p)| check(p));
-        h.join().unwrap();
-    });
+    on_two_threads(&traces, check);
     let (answered, asked, tried) = (answered.into_inner(), asked.into_inner(), tried_answered.into_inner());
     eprintln!(
         "answered beside the first pass: {answered} of {asked}, {tried} of them under an allowed maximum tried, {} with expandable segments guessed",

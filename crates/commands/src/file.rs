@@ -16,8 +16,9 @@
 //! [`allocsim_trace::pickle_stream::PickleFile::first_pass`]), so a small file is read once: its
 //! entries are replayed from memory, in one pass when that gives the answer, else in memory
 //! (as a trace that starts mid-history needs). While that first pass reads, a second thread
-//! already replays the entries it hands over, assuming torch's default settings (written after
-//! the traces) and learning the segment events as they come
+//! already replays the entries it hands over, with the settings read from the file's end where
+//! it is plain, else assumed (torch writes them after the traces), learning the segment events
+//! as they come
 //! ([`allocsim_replay::stream::replay_speculating`]); when the file turns out to hold what that
 //! replay assumed, its answer is taken and the replay from memory is not needed. A larger
 //! file's first pass is a scan, and its entries are read again, streamed or compactly.
@@ -130,8 +131,6 @@ pub fn replay_file(f: ReplayFile<'_>, options: &ReplayOptions, note: &mut dyn Fn
 
 /// A one-pass replay that ran beside a pickle's first pass, and what it assumed.
 struct Beside {
-    /// The settings it assumed.
-    settings: RecordedSettings,
     /// The final segments it started from.
     segments: Vec<allocsim_trace::SnapshotSegment>,
     speculated: Speculated,
@@ -143,7 +142,7 @@ impl Beside {
     /// of the snapshot read.
     fn holds_for(&self, snap: &Snapshot) -> bool {
         let learned = &self.speculated.segment_entries;
-        snap.settings == self.settings
+        snap.settings == self.speculated.settings
             && snap.segments.len() == self.segments.len()
             && snap.segments.iter().zip(&self.segments).all(|(s, early)| {
                 // (The segments read early do not keep their blocks' stacks.)
@@ -162,7 +161,8 @@ impl Beside {
 
 /// A pickle's first pass ([`PickleFile::first_pass`], with at most `max_entries` entries kept),
 /// and beside it, in a second thread, the one-pass replay of the entries as the first pass reads
-/// them, assuming torch's default settings (which the file holds only after the traces). When
+/// them, with the settings read from a plain file's end, else assumed (the file holds them only
+/// after the traces). When
 /// the first pass read the whole snapshot and the assumptions hold ([`Beside::holds_for`]), that
 /// replay's answer is the answer, and the decoding and the replay took the time of the longer
 /// rather than of both. (`ALLOCSIM_DEBUG_SPECULATION=FILE` writes to FILE whether that replay
@@ -185,7 +185,7 @@ fn first_pass_replaying(file: &PickleFile, max_entries: u64, options: &ReplayOpt
                 let _ = std::fs::write(path, format!("{:?}\n", speculated.as_ref().map(|_| "answered")));
             }
             let speculated = speculated.ok()?;
-            Some(Beside { settings: speculated.settings.clone(), segments, speculated })
+            Some(Beside { segments, speculated })
         });
         let first = file.first_pass_teed(max_entries, tee);
         match replay.join() {

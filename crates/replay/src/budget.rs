@@ -466,10 +466,16 @@ pub fn budget_may_explain(recorded: &[TraceEntry], simulated: &[crate::replay::S
     let Some(i) = first_difference(recorded, simulated) else {
         return false;
     };
+    budget_may_explain_at(simulated.get(i), recorded_ooms)
+}
+
+/// [`budget_may_explain`] at the first difference, where the replay made `simulated` (`None`:
+/// no more events than the recording's).
+pub fn budget_may_explain_at(simulated: Option<&crate::replay::SegmentEvent>, recorded_ooms: bool) -> bool {
     // Without a maximum the model takes a release run it does not make itself for an
     // `empty_cache()`, which releases every free segment: a maximum changes a release there. A
     // release the replay cannot make at all (the segment is not free in it) is no budget's doing.
-    recorded_ooms || simulated.get(i).is_some_and(|b| matches!(b.action, "segment_free" | "segment_unmap"))
+    recorded_ooms || simulated.is_some_and(|b| matches!(b.action, "segment_free" | "segment_unmap"))
 }
 
 /// Whether a replay's segment event is the recorded one (action, address, size).
@@ -583,11 +589,17 @@ impl Walker {
     /// The allowed maximum [`infer`] would pick from the bounds the entries so far give, when
     /// they show an OOM of the allowed maximum and no device-full one.
     pub fn capacity_to_try(&self) -> Option<u64> {
+        self.allowed_bounds().map(|b| pick_used(b.lo, b.hi))
+    }
+
+    /// The bounds the entries so far give an allowed maximum, when they show an OOM of it, no
+    /// device-full one, and bounds that do not contradict one another.
+    fn allowed_bounds(&self) -> Option<Bounds> {
         if !self.w.full.is_empty() || self.w.allowed_ooms.is_empty() {
             return None;
         }
         let bounds = Bounds::of(&self.w, &self.own, self.device_memory, true, |req| self.sizes.get(req as usize).copied().unwrap_or(0));
-        bounds.note.is_none().then(|| pick_used(bounds.lo, bounds.hi))
+        bounds.note.is_none().then_some(bounds)
     }
 }
 
@@ -706,15 +718,11 @@ pub fn speculated(trace: &[TraceEntry], own: &AllocatorConfig, device_memory: De
     let d = device_memory.bytes;
     let mut walker = Walker::new(own, d);
     trace.iter().for_each(|e| walker.push(e));
-    let Walker { w, sizes, .. } = walker;
-    if !w.full.is_empty() || w.allowed_ooms.is_empty() {
+    let bounds = walker.allowed_bounds()?;
+    if checks.iter().any(|&v| bounds.lo < v && v <= bounds.hi) || pick_used(bounds.lo, bounds.hi) != tried {
         return None;
     }
-    let bounds = Bounds::of(&w, own, d, true, |req| sizes.get(req as usize).copied().unwrap_or(0));
-    if bounds.note.is_some() || checks.iter().any(|&v| bounds.lo < v && v <= bounds.hi) || pick_used(bounds.lo, bounds.hi) != tried {
-        return None;
-    }
-    let mut budget = walked(&w, device_memory);
+    let mut budget = walked(&walker.w, device_memory);
     let mut from = budget.from.clone();
     from.extend(&bounds.from);
     let refined = Refined { lo: bounds.lo, hi: bounds.hi, from: Vec::new(), unexplained: Vec::new(), gaps: false };
@@ -1010,13 +1018,9 @@ fn region(checks: &[u64], x: u64, lo: u64, hi: u64) -> (u64, u64) {
 }
 
 /// One op of the plain inference replay.
-fn step_op(st: &mut Stepper<SimDevice, VecSlots>, inference: &mut Inference, program: &Program, trace: &[TraceEntry], j: usize) {
+fn step_op<S: Slots>(st: &mut Stepper<SimDevice, S>, inference: &mut Inference, program: &Program, trace: &[TraceEntry], j: usize) -> crate::replay::Step {
     let op = program.ops[j];
-    let request = match op {
-        Op::Malloc(q) => program.requests.get(q as usize),
-        _ => None,
-    };
-    st.step(op, request, |alloc| inference.decide(alloc, j, &ProgramAhead { program, trace, oi: j }));
+    st.step(op, program.request_of(op), |alloc| inference.decide(alloc, j, &ProgramAhead { program, trace, oi: j }))
 }
 
 /// Ops `i..=m` (ending in a malloc) on a copy of `st` under maximum `x`.
@@ -1035,17 +1039,7 @@ fn trial(st: &Stepper<SimDevice, VecSlots>, inference: &Inference, program: &Pro
 /// Ops `i..=m` (a group, ending in a malloc) on `st` under maximum `x`: the malloc's address.
 fn run_group<S: Slots>(st: &mut Stepper<SimDevice, S>, inference: &mut Inference, program: &Program, trace: &[TraceEntry], i: usize, m: usize, x: u64) -> Option<u64> {
     st.alloc.allowed_memory_maximum = Some(x);
-    let mut address = None;
-    for j in i..=m {
-        let op = program.ops[j];
-        let request = match op {
-            Op::Malloc(q) => program.requests.get(q as usize),
-            _ => None,
-        };
-        let s = st.step(op, request, |alloc: &CachingAllocator<SimDevice>| inference.decide(alloc, j, &ProgramAhead { program, trace, oi: j }));
-        address = s.address;
-    }
-    address
+    (i..=m).map(|j| step_op(st, inference, program, trace, j)).last().and_then(|s| s.address)
 }
 
 /// What the trace recorded for ops `i..=m`: the releases of its release runs, the new segments

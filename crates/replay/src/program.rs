@@ -107,6 +107,14 @@ pub struct Program {
 }
 
 impl Program {
+    /// The request a malloc op serves (`None` for any other op).
+    pub fn request_of(&self, op: Op) -> Option<&Request> {
+        match op {
+            Op::Malloc(q) => self.requests.get(q as usize),
+            _ => None,
+        }
+    }
+
     /// Builds the program of one device's trace. `segments` (the snapshot's final segments of this
     /// device) tell which requests went to private pools (CUDA graphs, MemPools): a request whose
     /// block lies in a final private-pool segment on the same stream, allocated after that segment

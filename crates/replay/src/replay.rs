@@ -356,10 +356,7 @@ impl<'p, D: Device, F: FnMut(&CachingAllocator<D>, usize) -> bool> ProgramReplay
     pub fn step(&mut self) -> bool {
         let oi = self.next;
         let Some(&op) = self.program.ops.get(oi) else { return false };
-        let request = match op {
-            Op::Malloc(q) => self.program.requests.get(q as usize),
-            _ => None,
-        };
+        let request = self.program.request_of(op);
         let is_empty_cache = &mut self.is_empty_cache;
         let step = self.stepper.step(op, request, |alloc| is_empty_cache(alloc, oi));
         self.flags[oi] = step.flag;
@@ -723,20 +720,36 @@ impl<D: Device + Clone> Stepper<D, VecSlots> {
     /// requests alive, which such ops do not read (a copy of those would cost a slot per request
     /// of the whole program).
     pub fn fork(&self) -> Stepper<D, MapSlots> {
+        // (Every field named: one added to `Stepper` must be decided here too.)
+        let Stepper {
+            alloc,
+            outside,
+            slots,
+            pre_blocks,
+            pre_tokens,
+            segment_events,
+            ooms,
+            empty_cache_requests,
+            next_request,
+            held,
+            restore_failures,
+            pool_actions,
+            op_index,
+        } = self;
         Stepper {
-            alloc: self.alloc.clone(),
-            outside: self.outside.clone(),
-            slots: MapSlots { blocks: IntMap::default(), tokens: self.slots.tokens.clone() },
-            pre_blocks: self.pre_blocks.clone(),
-            pre_tokens: self.pre_tokens.clone(),
-            segment_events: self.segment_events.clone(),
-            ooms: self.ooms.clone(),
-            empty_cache_requests: self.empty_cache_requests.clone(),
-            next_request: self.next_request,
-            held: self.held.clone(),
-            restore_failures: self.restore_failures.clone(),
-            pool_actions: self.pool_actions.clone(),
-            op_index: self.op_index,
+            alloc: alloc.clone(),
+            outside: outside.clone(),
+            slots: MapSlots { blocks: IntMap::default(), tokens: slots.tokens.clone() },
+            pre_blocks: pre_blocks.clone(),
+            pre_tokens: pre_tokens.clone(),
+            segment_events: segment_events.clone(),
+            ooms: ooms.clone(),
+            empty_cache_requests: empty_cache_requests.clone(),
+            next_request: *next_request,
+            held: held.clone(),
+            restore_failures: restore_failures.clone(),
+            pool_actions: pool_actions.clone(),
+            op_index: *op_index,
         }
     }
 }

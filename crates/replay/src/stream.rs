@@ -230,9 +230,11 @@ impl Speculated {
 ///
 /// A replay that leaves the recorded segment events once the trace has shown an OOM of an
 /// allowed maximum (`set_per_process_memory_fraction`) on one device starts again from the first
-/// entry (they are kept until then) under the maximum the entries so far point to
-/// ([`crate::budget::capacity_to_try`]), and goes on if that replay does not leave them
-/// ([`Speculated::tried`]).
+/// entry (`events` gives back what it read, [`allocsim_trace::Rewind`]) under the maximum the
+/// entries so far point to ([`crate::budget::Walker::capacity_to_try`]), and goes on if that
+/// replay does not leave them ([`Speculated::tried`]); one that assumed settings without
+/// expandable segments and sees pages mapped starts again assuming them
+/// ([`Speculated::settings`]).
 pub fn replay_speculating<I, E>(segments: &[SnapshotSegment], settings: &RecordedSettings, spec: &ReplaySpec<'_>, events: I) -> Result<Speculated, String>
 where
     I: Iterator<Item = Result<(usize, TraceEntry), E>> + allocsim_trace::Rewind,
@@ -865,8 +867,7 @@ impl<'a> DeviceStream<'a> {
         if speculating {
             return Err(format!("device {}'s replay leaves its recorded segment events", self.device));
         }
-        let release = matches!(simulated[i].action, "segment_free" | "segment_unmap");
-        if (release || !self.reserved_before_oom.is_empty()) && !self.builder.speculated() {
+        if crate::budget::budget_may_explain_at(simulated.get(i), !self.reserved_before_oom.is_empty()) && !self.builder.speculated() {
             return Err(self.needs_budget());
         }
         Ok(())

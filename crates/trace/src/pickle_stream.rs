@@ -696,7 +696,7 @@ impl Tee {
 pub fn tee() -> (Tee, TeeEvents) {
     let (tx, rx) = mpsc::channel();
     let tee = Tee { tx, batch: Vec::with_capacity(TEE_BATCH), segments_sent: false, gone: false };
-    (tee, TeeEvents { rx, batch: Vec::new(), at: 0, ended: false, pending: None, read: Some(Vec::new()), keep: TEE_KEEP })
+    (tee, TeeEvents { rx, batch: Vec::new(), at: 0, ended: false, pending: None, read: Some(Vec::new()), held: 0, keep: TEE_KEEP })
 }
 
 /// What a [`PickleFile::first_pass_teed`] reads, as it reads it: first the final segments
@@ -714,6 +714,8 @@ pub struct TeeEvents {
     /// The batches read to the end, kept for [`crate::Rewind::read_so_far`] (moved, not
     /// copied), while they hold at most `keep` entries (then dropped, and `None` kept).
     read: Option<Vec<Vec<(usize, TraceEntry)>>>,
+    /// The entries in `read`.
+    held: usize,
     keep: usize,
 }
 
@@ -724,8 +726,8 @@ pub const TEE_KEEP: usize = 1 << 16;
 impl TeeEvents {
     fn done_with(&mut self, batch: Vec<(usize, TraceEntry)>) {
         if let Some(read) = &mut self.read {
-            let held: usize = read.iter().map(Vec::len).sum();
-            if held + batch.len() <= self.keep {
+            if self.held + batch.len() <= self.keep {
+                self.held += batch.len();
                 read.push(batch);
             } else {
                 self.read = None;
@@ -2262,7 +2264,7 @@ impl PickleFile {
     /// entry, say).
     pub fn tail_settings(&self) -> Option<RecordedSettings> {
         let tail = match &self.bytes {
-            Some(b) => b[b.len().saturating_sub(TAIL_SETTINGS as usize)..].to_vec(),
+            Some(b) => return settings_in_tail(&b[b.len().saturating_sub(TAIL_SETTINGS as usize)..]),
             None if !self.gzip => {
                 use std::io::{Seek, SeekFrom};
                 let mut f = std::fs::File::open(&self.path).ok()?;
