@@ -21,6 +21,7 @@ pub mod frames;
 pub mod hash;
 pub mod jsonl;
 pub mod jsonl_stream;
+pub mod mem;
 pub mod pickle;
 pub mod pickle_stream;
 pub mod pickle_write;

@@ -1324,6 +1324,10 @@ impl Vm {
                 if self.traces.len() <= d {
                     self.traces.resize_with(d + 1, Vec::new);
                 }
+                if self.traces[d].capacity() == 0 {
+                    // Room for every entry the first pass keeps, backed as it is written.
+                    self.traces[d] = crate::mem::huge_vec(self.max_entries.min(1 << 20) as usize);
+                }
                 self.traces[d].push(e);
                 if let Some(t) = &mut self.tee
                     && !t.gone
