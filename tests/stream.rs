@@ -796,3 +796,39 @@ fn the_assumed_settings_are_what_torch_records_by_default() {
         assert_eq!(snap.settings, allocsim_trace::RecordedSettings::torch_expandable(), "{}", path.display());
     }
 }
+
+/// A trace whose history was turned on mid-run: the replay beside the first pass gives up at the
+/// first sign of it (an allocation in a segment the trace did not allocate, or a free of a block
+/// it did not allocate), not after reading on to the end of the file for an OOM that might
+/// explain why it left its recorded segment events.
+#[test]
+fn the_replay_beside_the_first_pass_stops_at_the_first_sign_of_mid_history() {
+    use allocsim_replay::stream::replay_speculating;
+    let traces = recorded_traces();
+    let (stopped, early) = (std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0));
+    let check = |path: &PathBuf| {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let file = PickleFile::open(path).unwrap().expect("a pickle");
+        let scan = file.scan().unwrap();
+        let total = file.events().unwrap().count();
+        // The second half, as a recording turned on halfway through shows it (the final
+        // segments are the same).
+        let cut = total / 2;
+        let pulled = std::cell::Cell::new(0usize);
+        let events = file.events().unwrap().skip(cut).inspect(|_| pulled.set(pulled.get() + 1));
+        let Err(why) = replay_speculating(&scan.segments, &scan.settings, &ReplaySpec::default(), allocsim_trace::Keeping::new(events)) else { return };
+        if why.contains("mid-history") {
+            stopped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if pulled.get() < total - cut {
+                early.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                eprintln!("{name}: read to the end ({why})");
+            }
+        }
+    };
+    on_two_threads(&traces, check);
+    let (stopped, early) = (stopped.into_inner(), early.into_inner());
+    eprintln!("of {} traces cut in half: {stopped} stopped as mid-history, {early} before their end", traces.len());
+    assert!(stopped >= 60, "only {stopped} of {} traces cut in half were found to start mid-history", traces.len());
+    assert_eq!(early, stopped, "a replay beside the first pass read a trace that starts mid-history to its end");
+}

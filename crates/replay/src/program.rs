@@ -137,6 +137,9 @@ impl Program {
             Err(e) => p.reconstruct_error = starts_mid_history(trace).then_some(e),
         }
         let mut b = Program::builder(trace, segments, p.initial.as_ref());
+        // At most a request an entry and an op or two an entry: reserved once, backed as written.
+        p.requests = allocsim_trace::mem::huge_vec(trace.len());
+        p.ops = allocsim_trace::mem::huge_vec(trace.len() + trace.len() / 2);
         let (requests, ops) = (&mut p.requests, &mut p.ops);
         let mut add = |x: Built<'_>| {
             requests.extend(x.request);
@@ -486,6 +489,46 @@ impl MidHistory {
     }
 }
 
+/// [`MidHistory`], and also an allocation at an address no segment the trace allocated (or
+/// mapped) holds: a segment that existed before the trace's first entry, which a trace that
+/// starts mid-history often shows long before it frees anything it did not allocate (the
+/// segment of the allocation that was made before the history was turned on). Only once the
+/// trace has shown a segment event (a trace recorded without them, or generated, shows none).
+#[derive(Clone, Debug, Default)]
+pub struct PreExisting {
+    mid: MidHistory,
+    /// Live segments and every mapped range: start → end.
+    ranges: BTreeMap<u64, u64>,
+    segment_events: bool,
+}
+
+impl PreExisting {
+    /// True when this entry shows that the trace starts mid-history.
+    pub fn push(&mut self, e: &TraceEntry) -> bool {
+        if self.mid.push(e) {
+            return true;
+        }
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => {
+                self.segment_events = true;
+                let end = e.addr.saturating_add(e.size);
+                let r = self.ranges.entry(e.addr).or_insert(end);
+                *r = (*r).max(end);
+            }
+            Action::SegmentFree => {
+                self.segment_events = true;
+                self.ranges.remove(&e.addr);
+            }
+            Action::SegmentUnmap => self.segment_events = true,
+            Action::Alloc if self.segment_events => {
+                return !self.ranges.range(..=e.addr).next_back().is_some_and(|(_, &end)| end > e.addr);
+            }
+            _ => {}
+        }
+        false
+    }
+}
+
 /// Final private-pool segments, with the ordinal of the `segment_alloc` from which each one held
 /// its range.
 struct PrivateRanges {
@@ -550,4 +593,33 @@ fn malloc_device_calls_follow(after: &[TraceEntry]) -> Option<bool> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
+        TraceEntry { action, addr, size, stream: 0, time_us: 0, stack: 0, meta: 0 }
+    }
+
+    #[test]
+    fn an_allocation_outside_every_segment_the_trace_allocated_shows_a_trace_that_starts_mid_history() {
+        const MIB: u64 = 1 << 20;
+        let mut p = PreExisting::default();
+        // Before any segment event nothing can be told (a trace recorded without them).
+        assert!(!p.push(&entry(Action::Alloc, 0x9000_0000, 512)));
+        assert!(!p.push(&entry(Action::SegmentAlloc, 0x1000_0000, 2 * MIB)));
+        assert!(!p.push(&entry(Action::Alloc, 0x1000_0000, 512)));
+        assert!(!p.push(&entry(Action::Alloc, 0x1000_0000 + 2 * MIB - 512, 512)));
+        // Past the segment's end, and in a segment released since: not the trace's.
+        assert!(p.clone().push(&entry(Action::Alloc, 0x1000_0000 + 2 * MIB, 512)));
+        let mut released = p.clone();
+        assert!(!released.push(&entry(Action::SegmentFree, 0x1000_0000, 2 * MIB)));
+        assert!(released.push(&entry(Action::Alloc, 0x1000_0000, 512)));
+        // Mapped pages hold allocations; a free of a block never allocated is MidHistory's sign.
+        assert!(!p.push(&entry(Action::SegmentMap, 0x2000_0000, 20 * MIB)));
+        assert!(!p.push(&entry(Action::Alloc, 0x2000_0000 + 19 * MIB, 4096)));
+        assert!(p.push(&entry(Action::FreeRequested, 0x3000_0000, 512)));
+    }
 }

@@ -337,11 +337,20 @@ where
         next = next.or_else(|| w.capacity_to_try());
         if next.is_none() && tried.is_none() {
             // Left before any OOM of an allowed maximum (its garbage collection, or the releases
-            // of a retry): read on to the first one, and try the maximum it points to.
+            // of a retry): read on to the first one, and try the maximum it points to; unless
+            // the trace starts mid-history (then no maximum makes it replay from empty).
+            let mid_history = || if why.contains("mid-history") { why.clone() } else { format!("{why}: the trace starts mid-history") };
+            let mut start = crate::program::PreExisting::default();
+            if events.read_so_far().is_none_or(|mut read| read.any(|(_, e)| start.push(&e))) {
+                return Err(mid_history());
+            }
             for item in events.by_ref() {
                 let (dev, e) = item.map_err(read_error)?;
                 if dev != 0 {
                     return Err(why);
+                }
+                if start.push(&e) {
+                    return Err(mid_history());
                 }
                 w.push(&e);
                 if e.action == Action::Oom {
