@@ -121,7 +121,7 @@ EXACT = sorted(n for n in os.listdir(os.path.dirname(FRAG)) if n.endswith(".pick
 
 
 def test_the_traces_are_there():
-    assert len(EXACT) == 23
+    assert len(EXACT) == 25
 
 
 @pytest.mark.parametrize("name", EXACT)

@@ -182,7 +182,7 @@ fn first_pass_replaying(file: &PickleFile, max_entries: u64, options: &ReplayOpt
             let speculated = replay_speculating(&segments, &settings, &spec, teed);
             if let Some(path) = std::env::var_os("ALLOCSIM_DEBUG_SPECULATION") {
                 // (Not stderr: the command line holds its lock.)
-                let _ = std::fs::write(path, format!("{:?}\n", speculated.as_ref().map(|_| "answered")));
+                let _ = std::fs::write(path, format!("{:?}\n", speculated.as_ref().map(|s| format!("answered (maximum tried: {:?}, promoted {})", s.tried.as_ref().map(|t| t.0), s.promoted))));
             }
             let speculated = speculated.ok()?;
             Some(Beside { segments, speculated })

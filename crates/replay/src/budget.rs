@@ -592,6 +592,11 @@ impl Walker {
         self.allowed_bounds().map(|b| pick_used(b.lo, b.hi))
     }
 
+    /// [`Walker::allowed_bounds`] as `(lo, hi)`: the allowed maximum lies in `lo..=hi`.
+    pub fn bounds(&self) -> Option<(u64, u64)> {
+        self.allowed_bounds().map(|b| (b.lo, b.hi))
+    }
+
     /// The bounds the entries so far give an allowed maximum, when they show an OOM of it, no
     /// device-full one, and bounds that do not contradict one another.
     fn allowed_bounds(&self) -> Option<Bounds> {

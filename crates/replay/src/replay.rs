@@ -714,6 +714,20 @@ impl<D: Device, S: Slots> Stepper<D, S> {
     }
 }
 
+impl<D: Device + Clone, S: Slots + Clone> Stepper<D, S> {
+    /// A copy of this replay as it would be under the allowed maximum `allowed`, for a caller
+    /// that knows every decision so far to be the same under both (no comparison with the
+    /// maximum flipped between them): only what reports the maximum (the OOMs') differs.
+    pub fn under_maximum(&self, allowed: u64) -> Stepper<D, S> {
+        let mut s = self.clone();
+        s.alloc.set_allowed_memory_maximum(Some(allowed));
+        for o in &mut s.ooms {
+            o.info.allowed_memory_maximum = Some(allowed);
+        }
+        s
+    }
+}
+
 impl<D: Device + Clone> Stepper<D, VecSlots> {
     /// A copy to try ops on that allocate and complete frees but free nothing (`crate::budget`'s
     /// groups: completions and release runs, then a malloc): all of it but the blocks of the

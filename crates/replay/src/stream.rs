@@ -189,6 +189,9 @@ pub struct Speculated {
     ///
     /// [`CachingAllocator::limit_probe`]: allocsim_model::CachingAllocator::limit_probe
     pub tried: Option<(u64, Vec<u64>)>,
+    /// How many times the maximum tried changed to the one a replay beside it ran under (an
+    /// [`Alt`]), rather than by a replay from the first entry.
+    pub promoted: usize,
 }
 
 impl Speculated {
@@ -253,6 +256,7 @@ where
     let mut keep = true;
     let mut tried: Option<u64> = None;
     let mut walker: Option<crate::budget::Walker> = None;
+    let mut promoted = 0;
     for attempt in 0.. {
         let (own, config) = spec.configs(&settings).map_err(|e| e.to_string())?;
         let input = StreamInput { settings: &settings, devices: None, segments, segment_entries: &[] };
@@ -260,7 +264,7 @@ where
         // (Under a maximum tried, the question is the trace's own unless it asks for another.)
         let capacity = tried.or(trace_capacity);
         let own_settings = same_settings(&config, &own) && spec.capacity.or(capacity) == capacity;
-        let probe: Option<allocsim_model::allocator::LimitProbe> = tried.map(|_| Default::default());
+        let mut probe: Option<allocsim_model::allocator::LimitProbe> = tried.map(|_| Default::default());
         let ctx = Ctx {
             input: &input,
             speculating: true,
@@ -285,6 +289,9 @@ where
                 keep &= d == 0;
                 if let Some(w) = walker.as_mut().filter(|_| keep) {
                     w.push(&e);
+                    if tried.is_some() && (e.action.is_segment_event() || e.action == Action::Oom) {
+                        r.set_alt_bounds(w.bounds());
+                    }
                 }
                 if !r.push(d, e) {
                     left = Some((r.fallback.take().unwrap_or_default(), None));
@@ -294,6 +301,12 @@ where
                     && let Some(next) = w.capacity_to_try()
                     && next != t
                 {
+                    if let Some(p) = r.promote(next) {
+                        // The replay under it ran beside: it goes on.
+                        (tried, probe) = (Some(next), Some(p));
+                        promoted += 1;
+                        continue;
+                    }
                     // An OOM that excludes the maximum tried: the replay would leave the
                     // recorded segment events later, or make other decisions than the one the
                     // whole trace points to.
@@ -302,9 +315,18 @@ where
                 }
             }
         }
+        if left.is_none()
+            && let (Some(t), Some(w)) = (tried, &walker)
+            && let Some(next) = w.capacity_to_try().filter(|&n| n != t)
+            && let Some(p) = r.promote(next)
+        {
+            // (The entries after the last OOM moved the maximum they point to.)
+            (tried, probe) = (Some(next), Some(p));
+            promoted += 1;
+        }
         let Some((why, mut next)) = left else {
             let checks = probe.map(|p| std::mem::take(&mut *p.lock().expect("limit probe")));
-            return speculated::<E>(r, settings.clone(), tried.zip(checks));
+            return speculated::<E>(r, settings.clone(), tried.zip(checks), promoted);
         };
         let Some(device_memory) = r.streams.first().and_then(Option::as_ref).map(|s| s.device_memory) else { return Err(why) };
         if !keep || r.streams.len() != 1 || attempt >= MAX_TRIED {
@@ -373,10 +395,10 @@ where
 const MAX_TRIED: usize = 6;
 
 /// The end of [`replay_speculating`]'s replay, which assumed `settings`.
-fn speculated<E>(r: Replayer<'_, '_>, settings: RecordedSettings, tried: Option<(u64, Vec<u64>)>) -> Result<Speculated, String> {
+fn speculated<E>(r: Replayer<'_, '_>, settings: RecordedSettings, tried: Option<(u64, Vec<u64>)>, promoted: usize) -> Result<Speculated, String> {
     let learned = r.streams.iter().map(|s| s.as_ref().and_then(|s| s.speculation.as_ref()).map_or(Vec::new(), |sp| sp.seen.clone())).collect();
     match r.finish::<E>() {
-        Ok(Pass::Done(summaries)) => Ok(Speculated { summaries, segment_entries: learned, settings, tried }),
+        Ok(Pass::Done(summaries)) => Ok(Speculated { summaries, segment_entries: learned, settings, tried, promoted }),
         Ok(Pass::Fallback(why)) => Err(why),
         Ok(Pass::Again(_)) => Err("a second pass is needed (cross-stream frees learned late)".into()),
         Err(StreamError::Run(e)) => Err(e.to_string()),
@@ -542,6 +564,28 @@ impl<'c, 'a> Replayer<'c, 'a> {
         }
     }
 
+    /// [`replay_speculating`] under a maximum tried: the bounds the entries so far give the
+    /// allowed maximum, for the [`Alt`] of device 0's own replay. An alternative they exclude is
+    /// dropped (and another may be forked).
+    fn set_alt_bounds(&mut self, bounds: Option<(u64, u64)>) {
+        if let Some(Some(s)) = self.streams.first_mut()
+            && s.speculation.is_some()
+            && s.target.is_none()
+            && s.own.alloc.limit_probe.is_some()
+        {
+            s.alt_bounds = bounds;
+            if s.alt.as_ref().is_some_and(|a| bounds.is_none_or(|(lo, hi)| a.capacity < lo || a.capacity > hi)) {
+                s.alt = None;
+            }
+        }
+    }
+
+    /// Device 0's own replay becomes its [`Alt`] under `capacity`, when it has one: the
+    /// alternative's comparisons with the maximum.
+    fn promote(&mut self, capacity: u64) -> Option<allocsim_model::allocator::LimitProbe> {
+        self.streams.first_mut()?.as_mut()?.promote(capacity)
+    }
+
     fn finish<E>(mut self) -> Result<Pass, StreamError<E>> {
         let ctx = self.ctx;
         if self.streams.iter().all(Option::is_none) {
@@ -698,6 +742,25 @@ struct DeviceStream<'a> {
     /// first that is not.
     compared: usize,
     diverged: Option<usize>,
+    /// [`replay_speculating`] under a maximum tried: the bounds the entries so far give the
+    /// allowed maximum, while a replay under another maximum may still be forked ([`Alt`]).
+    alt_bounds: Option<(u64, u64)>,
+    alt: Option<Box<Alt>>,
+}
+
+/// The own replay under another allowed maximum than the one [`replay_speculating`] tries, run
+/// in lock-step with it from the first malloc whose comparison with the maximum goes otherwise
+/// under the two (see [`DeviceStream::fork_alt`]): when the entries come to point to this one,
+/// it takes the own replay's place ([`Replayer::promote`]) rather than a replay from the first
+/// entry.
+struct Alt {
+    capacity: u64,
+    stepper: Stepper<SimDevice, MapSlots>,
+    inference: Inference,
+    /// Its own comparisons, those of the own replay before the fork included.
+    probe: allocsim_model::allocator::LimitProbe,
+    oom_requests: Vec<Request>,
+    compared: usize,
 }
 
 impl<'a> DeviceStream<'a> {
@@ -779,6 +842,8 @@ impl<'a> DeviceStream<'a> {
             oom_requests: Vec::new(),
             compared: 0,
             diverged: None,
+            alt_bounds: None,
+            alt: None,
         }
     }
 
@@ -812,6 +877,9 @@ impl<'a> DeviceStream<'a> {
                 self.own.alloc.device.extend_recorded(segments, reservations);
                 if let Some(t) = &mut self.target {
                     t.alloc.device.extend_recorded(segments, reservations);
+                }
+                if let Some(a) = &mut self.alt {
+                    a.stepper.alloc.device.extend_recorded(segments, reservations);
                 }
             }
         } else if e.action.is_segment_event() {
@@ -854,6 +922,16 @@ impl<'a> DeviceStream<'a> {
         if !speculating && self.budget.kind.is_some() {
             return Ok(());
         }
+        if let (Some(a), Some(sp)) = (&mut self.alt, &self.speculation) {
+            // An alternative that leaves the recorded segment events is dropped.
+            let simulated = a.stepper.segment_events();
+            while a.compared < simulated.len() && sp.seen.get(a.compared).is_some_and(|r| crate::budget::same_segment_event(r, &simulated[a.compared])) {
+                a.compared += 1;
+            }
+            if a.compared < simulated.len() && a.compared < sp.seen.len() {
+                self.alt = None;
+            }
+        }
         let simulated = self.own.segment_events();
         if self.diverged.is_none() {
             let recorded = match &self.speculation {
@@ -882,6 +960,52 @@ impl<'a> DeviceStream<'a> {
         Ok(())
     }
 
+    /// Before an op of the own replay under the maximum tried, with `r` the malloc whose
+    /// comparisons it may make (its own, or the one the `empty_cache()` inference tries): when
+    /// that malloc would miss the cache and its first comparison with the maximum
+    /// (`total_allocated_memory + alloc_size > allowed`) flip at a value `v` inside the bounds
+    /// the entries give, and no comparison so far flipped between the maximum tried and the one
+    /// the entries would point to on the other side of `v` (the roundest there,
+    /// [`crate::budget::pick_used`]), a copy of the own replay under that other maximum: every
+    /// decision so far was the same under both.
+    fn fork_alt(&mut self, r: &Request) {
+        let alloc = &self.own.alloc;
+        let (Some((lo, hi)), Some(tried)) = (self.alt_bounds, alloc.allowed_memory_maximum) else { return };
+        if r.checkpoint || alloc.config.garbage_collection_threshold > 0.0 {
+            // (Other comparisons come first: no copy.)
+            return;
+        }
+        let v = alloc.total_allocated_memory + alloc.config.get_allocation_size(alloc.config.round_size(r.size));
+        if v <= lo || v > hi || alloc.finds_cached_block(r.size, r.stream, r.route) {
+            return;
+        }
+        let capacity = if v <= tried { crate::budget::pick_used(lo, v - 1) } else { crate::budget::pick_used(v, hi) };
+        let Some(probe) = &alloc.limit_probe else { return };
+        let checks = probe.lock().expect("limit probe").clone();
+        let (a, b) = (capacity.min(tried), capacity.max(tried));
+        if capacity == tried || checks.iter().any(|&c| a < c && c <= b) {
+            return;
+        }
+        let mut stepper = self.own.under_maximum(capacity);
+        let probe = std::sync::Arc::new(std::sync::Mutex::new(checks));
+        stepper.alloc.limit_probe = Some(probe.clone());
+        self.alt = Some(Box::new(Alt { capacity, stepper, inference: self.inference.clone(), probe, oom_requests: self.oom_requests.clone(), compared: self.compared }));
+    }
+
+    /// The own replay becomes the alternative's, under `capacity` (see [`Alt`]): its comparisons
+    /// with the maximum, or `None` where there is no such alternative.
+    fn promote(&mut self, capacity: u64) -> Option<allocsim_model::allocator::LimitProbe> {
+        let a = self.alt.take().filter(|a| a.capacity == capacity && self.diverged.is_none())?;
+        let Alt { capacity, stepper, inference, probe, oom_requests, compared } = *a;
+        self.own = stepper;
+        self.inference = inference;
+        self.oom_requests = oom_requests;
+        self.compared = compared;
+        self.options.capacity = Some(capacity);
+        self.budget = crate::budget::Budget::given(capacity, self.budget.device_memory.clone());
+        Some(probe)
+    }
+
     fn needs_budget(&self) -> String {
         format!("device {}'s own replay needs the memory budget inferred from its whole trace", self.device)
     }
@@ -895,7 +1019,21 @@ impl<'a> DeviceStream<'a> {
                 break;
             }
             let oi = self.ops;
+            if self.alt.is_none() && self.alt_bounds.is_some() {
+                // The malloc whose comparisons this op may make: its own, or (a release run or a
+                // completion) the next one's, which the `empty_cache()` inference tries.
+                let next = self.queue.iter().find_map(|q| matches!(q.op, Op::Malloc(_)).then_some(q.request).flatten());
+                if let Some(r) = next {
+                    self.fork_alt(&r);
+                }
+            }
             let ahead = QueueAhead(&self.queue);
+            if let Some(a) = &mut self.alt {
+                let inference = &mut a.inference;
+                if a.stepper.step(op, request.as_ref(), |alloc| inference.decide(alloc, oi, &ahead)).oom && let Some(r) = request {
+                    a.oom_requests.push(r);
+                }
+            }
             let inference = &mut self.inference;
             let own = self.own.step(op, request.as_ref(), |alloc| inference.decide(alloc, oi, &ahead));
             let oom = match &mut self.target {
