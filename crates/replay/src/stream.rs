@@ -293,23 +293,27 @@ where
                         r.set_alt_bounds(w.bounds());
                     }
                 }
-                if !r.push(d, e) {
+                let pushed = r.push(d, e);
+                // An OOM that excludes the maximum tried (the replay would leave the recorded
+                // segment events later, or make other decisions than the one the whole trace
+                // points to), or a replay that left them where the entries now point elsewhere.
+                let moved = match (tried, &walker) {
+                    (Some(t), Some(w)) if !pushed || e.action == Action::Oom => w.capacity_to_try().filter(|&n| n != t),
+                    _ => None,
+                };
+                if let Some(next) = moved
+                    && let Some(p) = r.promote(next)
+                {
+                    // The replay under it ran beside: it goes on.
+                    (tried, probe) = (Some(next), Some(p));
+                    promoted += 1;
+                    continue;
+                }
+                if !pushed {
                     left = Some((r.fallback.take().unwrap_or_default(), None));
                     break;
                 }
-                if let (Some(t), Some(w), Action::Oom) = (tried, &walker, e.action)
-                    && let Some(next) = w.capacity_to_try()
-                    && next != t
-                {
-                    if let Some(p) = r.promote(next) {
-                        // The replay under it ran beside: it goes on.
-                        (tried, probe) = (Some(next), Some(p));
-                        promoted += 1;
-                        continue;
-                    }
-                    // An OOM that excludes the maximum tried: the replay would leave the
-                    // recorded segment events later, or make other decisions than the one the
-                    // whole trace points to.
+                if let Some(next) = moved {
                     left = Some(("the maximum tried is not the one the trace points to".into(), Some(next)));
                     break;
                 }
@@ -580,10 +584,17 @@ impl<'c, 'a> Replayer<'c, 'a> {
         }
     }
 
-    /// Device 0's own replay becomes its [`Alt`] under `capacity`, when it has one: the
+    /// Device 0's own replay becomes its [`Alt`] under `capacity`, when it has one (also after
+    /// the own replay stopped, when it stopped for leaving the recorded segment events): the
     /// alternative's comparisons with the maximum.
     fn promote(&mut self, capacity: u64) -> Option<allocsim_model::allocator::LimitProbe> {
-        self.streams.first_mut()?.as_mut()?.promote(capacity)
+        let s = self.streams.first_mut()?.as_mut()?;
+        if self.fallback.is_some() && s.diverged.is_none() {
+            return None;
+        }
+        let probe = s.promote(capacity)?;
+        self.fallback = None;
+        Some(probe)
     }
 
     fn finish<E>(mut self) -> Result<Pass, StreamError<E>> {
@@ -995,8 +1006,9 @@ impl<'a> DeviceStream<'a> {
     /// The own replay becomes the alternative's, under `capacity` (see [`Alt`]): its comparisons
     /// with the maximum, or `None` where there is no such alternative.
     fn promote(&mut self, capacity: u64) -> Option<allocsim_model::allocator::LimitProbe> {
-        let a = self.alt.take().filter(|a| a.capacity == capacity && self.diverged.is_none())?;
+        let a = self.alt.take().filter(|a| a.capacity == capacity)?;
         let Alt { capacity, stepper, inference, probe, oom_requests, compared } = *a;
+        self.diverged = None;
         self.own = stepper;
         self.inference = inference;
         self.oom_requests = oom_requests;
