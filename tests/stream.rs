@@ -694,6 +694,7 @@ fn the_replay_beside_the_first_pass_answers_as_after_it() {
     let tried_answered = std::sync::atomic::AtomicUsize::new(0);
     let promoted = std::sync::atomic::AtomicUsize::new(0);
     let expandable_guessed = std::sync::atomic::AtomicUsize::new(0);
+    let settings_learned = std::sync::atomic::AtomicUsize::new(0);
     let asked = std::sync::atomic::AtomicUsize::new(0);
     let check = |path: &PathBuf| {
         let name = path.file_name().unwrap().to_str().unwrap();
@@ -708,18 +709,28 @@ fn the_replay_beside_the_first_pass_answers_as_after_it() {
         for (label, spec) in questions {
             let what = format!("{name}, {label}");
             asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            // The default question assumes torch's default settings for a trace recorded with
-            // expandable segments (as for a gzip'd file): the replay sees pages mapped, and
-            // assumes expandable segments.
-            let guessed = label == "own settings and budget" && scan.settings == allocsim_trace::RecordedSettings::torch_expandable();
-            let assumed = if guessed { allocsim_trace::RecordedSettings::torch_default() } else { scan.settings.clone() };
-            let Ok(beside) = replay_speculating(&scan.segments, &assumed, &spec, allocsim_trace::Keeping::new(file.events().unwrap())) else { continue };
+            // The default question is asked as `allocsim replay` asks it of a gzip'd file: torch's
+            // default settings assumed, the file's learned after its entries. A trace recorded
+            // with expandable segments shows pages mapped first, and expandable segments are
+            // assumed; under other settings the replay starts again under the file's.
+            let own_question = label == "own settings and budget";
+            let guessed = own_question && scan.settings == allocsim_trace::RecordedSettings::torch_expandable();
+            let learns = own_question && !guessed && scan.settings != allocsim_trace::RecordedSettings::torch_default();
+            let (assumed, events) = if own_question {
+                (allocsim_trace::RecordedSettings::torch_default(), allocsim_trace::Keeping::with_settings_at_end(file.events().unwrap(), scan.settings.clone()))
+            } else {
+                (scan.settings.clone(), allocsim_trace::Keeping::new(file.events().unwrap()))
+            };
+            let Ok(beside) = replay_speculating(&scan.segments, &assumed, own_question, &spec, events) else { continue };
             if beside.settings != scan.settings {
                 // (What `allocsim replay` checks once the file is read.)
                 continue;
             }
             if guessed {
                 expandable_guessed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            if learns {
+                settings_learned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             let learned = beside.segment_entries.clone();
             // Under an allowed maximum it tried: the in-memory replay's answer (which infers
@@ -784,6 +795,10 @@ fn the_replay_beside_the_first_pass_answers_as_after_it() {
     assert!(promoted >= 2, "answered under a maximum a replay beside the one tried ran under: only {promoted}");
     let guessed = expandable_guessed.into_inner();
     assert!(guessed >= 5, "answered beside the first pass with expandable segments guessed: only {guessed}");
+    // (The gc06, msplit128 and other non-default recordings, once their settings are read.)
+    let learned = settings_learned.into_inner();
+    eprintln!("answered beside the first pass under settings learned after the entries: {learned}");
+    assert!(learned >= 5, "answered beside the first pass under settings learned after the entries: only {learned}");
 }
 
 /// The settings `allocsim replay` assumes while a pickle's first pass is still reading
@@ -825,7 +840,7 @@ fn the_replay_beside_the_first_pass_stops_at_the_first_sign_of_mid_history() {
         let cut = total / 2;
         let pulled = std::cell::Cell::new(0usize);
         let events = file.events().unwrap().skip(cut).inspect(|_| pulled.set(pulled.get() + 1));
-        let Err(why) = replay_speculating(&scan.segments, &scan.settings, &ReplaySpec::default(), allocsim_trace::Keeping::new(events)) else { return };
+        let Err(why) = replay_speculating(&scan.segments, &scan.settings, false, &ReplaySpec::default(), allocsim_trace::Keeping::new(events)) else { return };
         if why.contains("mid-history") {
             stopped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if pulled.get() < total - cut {

@@ -177,9 +177,11 @@ fn first_pass_replaying(file: &PickleFile, max_entries: u64, options: &ReplayOpt
         let replay = scope.spawn(move || {
             // The settings from the file's end where it can be read alone (a plain file), else
             // torch's defaults.
-            let settings = file.tail_settings().unwrap_or_else(RecordedSettings::torch_default);
+            let tail = file.tail_settings();
+            let assumed = tail.is_none();
+            let settings = tail.unwrap_or_else(RecordedSettings::torch_default);
             let segments = teed.segments()?;
-            let speculated = replay_speculating(&segments, &settings, &spec, teed);
+            let speculated = replay_speculating(&segments, &settings, assumed, &spec, teed);
             if let Some(path) = std::env::var_os("ALLOCSIM_DEBUG_SPECULATION") {
                 // (Not stderr: the command line holds its lock.)
                 let _ = std::fs::write(path, format!("{:?}\n", speculated.as_ref().map(|s| format!("answered (maximum tried: {:?}, promoted {})", s.tried.as_ref().map(|t| t.0), s.promoted))));

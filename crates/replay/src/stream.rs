@@ -238,7 +238,13 @@ impl Speculated {
 /// replay does not leave them ([`Speculated::tried`]); one that assumed settings without
 /// expandable segments and sees pages mapped starts again assuming them
 /// ([`Speculated::settings`]).
-pub fn replay_speculating<I, E>(segments: &[SnapshotSegment], settings: &RecordedSettings, spec: &ReplaySpec<'_>, events: I) -> Result<Speculated, String>
+pub fn replay_speculating<I, E>(
+    segments: &[SnapshotSegment],
+    settings: &RecordedSettings,
+    settings_assumed: bool,
+    spec: &ReplaySpec<'_>,
+    events: I,
+) -> Result<Speculated, String>
 where
     I: Iterator<Item = Result<(usize, TraceEntry), E>> + allocsim_trace::Rewind,
 {
@@ -248,7 +254,7 @@ where
     if segments.iter().any(|s| s.pool_id != (0, 0)) {
         return Err("final segments in private pools".into());
     }
-    let mut settings = settings.clone();
+    let (mut settings, mut settings_assumed) = (settings.clone(), settings_assumed);
     let mut events = events;
     let read_error = |_| "a read error".to_string();
     // A replay starts again (only on one device's trace) from the entries read so far
@@ -329,14 +335,36 @@ where
             promoted += 1;
         }
         let Some((why, mut next)) = left else {
+            if settings_assumed
+                && let Some(end) = events.settings_at_end().filter(|&s| *s != settings).cloned()
+                && events.read_so_far().is_some()
+            {
+                // Replayed to the end under settings other than the file's: again under its.
+                (settings, settings_assumed, tried, walker) = (end, false, None, None);
+                continue;
+            }
             let checks = probe.map(|p| std::mem::take(&mut *p.lock().expect("limit probe")));
             return speculated::<E>(r, settings.clone(), tried.zip(checks), promoted);
         };
         let Some(device_memory) = r.streams.first().and_then(Option::as_ref).map(|s| s.device_memory) else { return Err(why) };
-        if !keep || r.streams.len() != 1 || attempt >= MAX_TRIED {
+        if !keep || r.streams.len() != 1 {
             return Err(why);
         }
         drop(r);
+        // Where settings other than those assumed may explain why the replay left (a gzip'd
+        // file, whose settings come after its entries): read to the end, and start again under
+        // the file's.
+        let learn = |events: &mut I, settings: &RecordedSettings, why: String| -> Result<RecordedSettings, String> {
+            if settings_assumed && let Some(end) = settings_after_the_end(events, settings)? {
+                return Ok(end);
+            }
+            Err(why)
+        };
+        if attempt >= MAX_TRIED {
+            settings = learn(&mut events, &settings, why)?;
+            (settings_assumed, tried, walker) = (false, None, None);
+            continue;
+        }
         let expandable = RecordedSettings::torch_expandable();
         let maps = match events.read_so_far() {
             Some(mut read) => read.find(|(_, e)| e.action.is_segment_event()).is_some_and(|(_, e)| e.action == Action::SegmentMap),
@@ -349,7 +377,9 @@ where
             continue;
         }
         if trace_capacity.is_some() {
-            return Err(why);
+            settings = learn(&mut events, &settings, why)?;
+            (settings_assumed, tried, walker) = (false, None, None);
+            continue;
         }
         // Under a maximum tried, a replay may start again later in the trace.
         events.keep_all();
@@ -388,11 +418,30 @@ where
             }
         }
         if next.is_none() || next == tried {
-            return Err(why);
+            settings = learn(&mut events, &settings, why)?;
+            (settings_assumed, tried, walker) = (false, None, None);
+            continue;
         }
         tried = next;
     }
     unreachable!("the loop returns")
+}
+
+/// Reads `events` to their end, keeping every entry, and gives the settings the file holds
+/// after them where they are not `assumed` (`None` also where the entries read were not all kept:
+/// no replay can start again).
+fn settings_after_the_end<I, E>(events: &mut I, assumed: &RecordedSettings) -> Result<Option<RecordedSettings>, String>
+where
+    I: Iterator<Item = Result<(usize, TraceEntry), E>> + allocsim_trace::Rewind,
+{
+    events.keep_all();
+    if events.read_so_far().is_none() {
+        return Ok(None);
+    }
+    for item in events.by_ref() {
+        item.map_err(|_| "a read error".to_string())?;
+    }
+    Ok(events.settings_at_end().filter(|&s| s != assumed).cloned())
 }
 
 /// How many allowed maxima [`replay_speculating`] tries, one after another.

@@ -295,24 +295,41 @@ pub trait Rewind {
     fn read_so_far(&self) -> Option<impl Iterator<Item = (usize, TraceEntry)> + '_>;
     /// Keep every entry from now on (where only some are kept by default).
     fn keep_all(&mut self) {}
+    /// The settings the file holds after its entries (a snapshot pickle's `allocator_settings`),
+    /// once the stream has yielded every entry; `None` before, or where the stream does not say.
+    fn settings_at_end(&self) -> Option<&RecordedSettings> {
+        None
+    }
 }
 
 /// An iterator of `(device, entry)` that keeps a copy of what it yields ([`Rewind`]).
 pub struct Keeping<I> {
     inner: I,
     read: Vec<(usize, TraceEntry)>,
+    /// [`Rewind::settings_at_end`] once `inner` has ended.
+    at_end: Option<RecordedSettings>,
+    ended: bool,
 }
 
 impl<I> Keeping<I> {
     pub fn new(inner: I) -> Keeping<I> {
-        Keeping { inner, read: Vec::new() }
+        Keeping { inner, read: Vec::new(), at_end: None, ended: false }
+    }
+
+    /// [`Keeping::new`], saying `settings` once `inner` has ended (as a pickle's first pass
+    /// does, [`pickle_stream::TeeEvents`]).
+    pub fn with_settings_at_end(inner: I, settings: RecordedSettings) -> Keeping<I> {
+        Keeping { at_end: Some(settings), ..Keeping::new(inner) }
     }
 }
 
 impl<I: Iterator<Item = Result<(usize, TraceEntry), E>>, E> Iterator for Keeping<I> {
     type Item = Result<(usize, TraceEntry), E>;
     fn next(&mut self) -> Option<Self::Item> {
-        let item = self.inner.next()?;
+        let Some(item) = self.inner.next() else {
+            self.ended = true;
+            return None;
+        };
         if let Ok(x) = &item {
             self.read.push(*x);
         }
@@ -323,6 +340,9 @@ impl<I: Iterator<Item = Result<(usize, TraceEntry), E>>, E> Iterator for Keeping
 impl<I> Rewind for Keeping<I> {
     fn read_so_far(&self) -> Option<impl Iterator<Item = (usize, TraceEntry)> + '_> {
         Some(self.read.iter().copied())
+    }
+    fn settings_at_end(&self) -> Option<&RecordedSettings> {
+        self.at_end.as_ref().filter(|_| self.ended)
     }
 }
 

@@ -669,8 +669,8 @@ enum TeeMsg {
     /// The final segments, read before the traces.
     Segments(Vec<SnapshotSegment>),
     Entries(Vec<(usize, TraceEntry)>),
-    /// The whole snapshot was read: the entries are all sent.
-    End,
+    /// The whole snapshot was read: the entries are all sent, and these are its settings.
+    End(RecordedSettings),
 }
 
 /// The sending side of [`PickleFile::first_pass_teed`] (see [`tee`]).
@@ -696,7 +696,7 @@ impl Tee {
 pub fn tee() -> (Tee, TeeEvents) {
     let (tx, rx) = mpsc::channel();
     let tee = Tee { tx, batch: Vec::with_capacity(TEE_BATCH), segments_sent: false, gone: false };
-    (tee, TeeEvents { rx, batch: Vec::new(), at: 0, ended: false, pending: None, read: Some(Vec::new()), held: 0, keep: TEE_KEEP })
+    (tee, TeeEvents { rx, batch: Vec::new(), at: 0, ended: false, pending: None, read: Some(Vec::new()), held: 0, keep: TEE_KEEP, settings: None })
 }
 
 /// What a [`PickleFile::first_pass_teed`] reads, as it reads it: first the final segments
@@ -717,6 +717,8 @@ pub struct TeeEvents {
     /// The entries in `read`.
     held: usize,
     keep: usize,
+    /// The snapshot's settings, once its entries have all been yielded.
+    settings: Option<RecordedSettings>,
 }
 
 /// How many entries a [`TeeEvents`] keeps for [`crate::Rewind::read_so_far`] unless told to keep
@@ -742,6 +744,9 @@ impl crate::Rewind for TeeEvents {
     }
     fn keep_all(&mut self) {
         self.keep = usize::MAX;
+    }
+    fn settings_at_end(&self) -> Option<&RecordedSettings> {
+        self.settings.as_ref()
     }
 }
 
@@ -784,10 +789,11 @@ impl Iterator for TeeEvents {
                     self.done_with(done);
                 }
                 Ok(TeeMsg::Segments(_)) => {}
-                Ok(TeeMsg::End) => {
+                Ok(TeeMsg::End(settings)) => {
                     let done = std::mem::take(&mut self.batch);
                     self.done_with(done);
                     self.ended = true;
+                    self.settings = Some(settings);
                     return None;
                 }
                 Err(_) => {
@@ -2239,7 +2245,7 @@ impl PickleFile {
                     let rest = std::mem::take(&mut t.batch);
                     t.send(TeeMsg::Entries(rest));
                 }
-                t.send(TeeMsg::End);
+                t.send(TeeMsg::End(snap.settings.clone()));
             }
             return Ok(FirstPass::Whole(snap));
         }
