@@ -20,7 +20,9 @@
 //! it is plain, else assumed (torch writes them after the traces), learning the segment events
 //! as they come
 //! ([`allocsim_replay::stream::replay_speculating`]); when the file turns out to hold what that
-//! replay assumed, its answer is taken and the replay from memory is not needed. A larger
+//! replay assumed, its answer is taken and the replay from memory is not needed. (Where it
+//! assumed the settings, a gzip'd file's, and they do not replay the trace, it starts again
+//! under those the first pass finds after the entries.) A larger
 //! file's first pass is a scan, and its entries are read again, streamed or compactly.
 //!
 //! Why a trace that starts mid-history is not streamed: its replay starts from the state
