@@ -521,7 +521,7 @@ impl PreExisting {
             }
             Action::SegmentUnmap => self.segment_events = true,
             Action::Alloc if self.segment_events => {
-                return !self.ranges.range(..=e.addr).next_back().is_some_and(|(_, &end)| end > e.addr);
+                return self.ranges.range(..=e.addr).next_back().is_none_or(|(_, &end)| end <= e.addr);
             }
             _ => {}
         }

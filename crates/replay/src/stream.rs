@@ -235,9 +235,16 @@ impl Speculated {
 /// allowed maximum (`set_per_process_memory_fraction`) on one device starts again from the first
 /// entry (`events` gives back what it read, [`allocsim_trace::Rewind`]) under the maximum the
 /// entries so far point to ([`crate::budget::Walker::capacity_to_try`]), and goes on if that
-/// replay does not leave them ([`Speculated::tried`]); one that assumed settings without
-/// expandable segments and sees pages mapped starts again assuming them
-/// ([`Speculated::settings`]).
+/// replay does not leave them ([`Speculated::tried`]). Under such a maximum, a copy of the
+/// replay under the maximum on the other side of the first comparison that may flip runs beside
+/// it, and takes its place when the entries come to point there ([`Alt`],
+/// [`Speculated::promoted`]).
+///
+/// `settings_assumed`: the settings were not read from the file (a gzip'd file holds them after
+/// its entries). Then a replay that assumed settings without expandable segments and sees pages
+/// mapped starts again assuming them; and where the settings assumed do not replay the trace,
+/// the entries are read to their end and the replay starts again under the file's
+/// ([`allocsim_trace::Rewind::settings_at_end`], [`Speculated::settings`]).
 pub fn replay_speculating<I, E>(
     segments: &[SnapshotSegment],
     settings: &RecordedSettings,
@@ -263,6 +270,8 @@ where
     let mut tried: Option<u64> = None;
     let mut walker: Option<crate::budget::Walker> = None;
     let mut promoted = 0;
+    // The attempt since which the settings are the file's (learned after its entries).
+    let mut learned_at = 0;
     for attempt in 0.. {
         let (own, config) = spec.configs(&settings).map_err(|e| e.to_string())?;
         let input = StreamInput { settings: &settings, devices: None, segments, segment_entries: &[] };
@@ -340,7 +349,7 @@ where
                 && events.read_so_far().is_some()
             {
                 // Replayed to the end under settings other than the file's: again under its.
-                (settings, settings_assumed, tried, walker) = (end, false, None, None);
+                (settings, settings_assumed, tried, walker, learned_at) = (end, false, None, None, attempt + 1);
                 continue;
             }
             let checks = probe.map(|p| std::mem::take(&mut *p.lock().expect("limit probe")));
@@ -360,9 +369,9 @@ where
             }
             Err(why)
         };
-        if attempt >= MAX_TRIED {
+        if attempt - learned_at >= MAX_TRIED {
             settings = learn(&mut events, &settings, why)?;
-            (settings_assumed, tried, walker) = (false, None, None);
+            (settings_assumed, tried, walker, learned_at) = (false, None, None, attempt + 1);
             continue;
         }
         let expandable = RecordedSettings::torch_expandable();
@@ -370,7 +379,7 @@ where
             Some(mut read) => read.find(|(_, e)| e.action.is_segment_event()).is_some_and(|(_, e)| e.action == Action::SegmentMap),
             None => return Err(why),
         };
-        if tried.is_none() && settings != expandable && maps {
+        if settings_assumed && tried.is_none() && settings != expandable && maps {
             // Pages mapped where segments were assumed (a gzip'd file, whose settings come last):
             // expandable segments, most likely set as their documentation spells them.
             settings = expandable;
@@ -378,7 +387,7 @@ where
         }
         if trace_capacity.is_some() {
             settings = learn(&mut events, &settings, why)?;
-            (settings_assumed, tried, walker) = (false, None, None);
+            (settings_assumed, tried, walker, learned_at) = (false, None, None, attempt + 1);
             continue;
         }
         // Under a maximum tried, a replay may start again later in the trace.
@@ -419,7 +428,7 @@ where
         }
         if next.is_none() || next == tried {
             settings = learn(&mut events, &settings, why)?;
-            (settings_assumed, tried, walker) = (false, None, None);
+            (settings_assumed, tried, walker, learned_at) = (false, None, None, attempt + 1);
             continue;
         }
         tried = next;
