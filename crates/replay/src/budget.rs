@@ -592,7 +592,8 @@ impl Walker {
         self.allowed_bounds().map(|b| pick_used(b.lo, b.hi))
     }
 
-    /// [`Walker::allowed_bounds`] as `(lo, hi)`: the allowed maximum lies in `lo..=hi`.
+    /// The bounds [`Walker::capacity_to_try`] picks from, as `(lo, hi)`: the allowed maximum lies
+    /// in `lo..=hi`.
     pub fn bounds(&self) -> Option<(u64, u64)> {
         self.allowed_bounds().map(|b| (b.lo, b.hi))
     }

@@ -190,7 +190,7 @@ pub struct Speculated {
     /// [`CachingAllocator::limit_probe`]: allocsim_model::CachingAllocator::limit_probe
     pub tried: Option<(u64, Vec<u64>)>,
     /// How many times the maximum tried changed to the one a replay beside it ran under (an
-    /// [`Alt`]), rather than by a replay from the first entry.
+    /// `Alt`), rather than by a replay from the first entry.
     pub promoted: usize,
 }
 
@@ -237,7 +237,7 @@ impl Speculated {
 /// entries so far point to ([`crate::budget::Walker::capacity_to_try`]), and goes on if that
 /// replay does not leave them ([`Speculated::tried`]). Under such a maximum, a copy of the
 /// replay under the maximum on the other side of the first comparison that may flip runs beside
-/// it, and takes its place when the entries come to point there ([`Alt`],
+/// it, and takes its place when the entries come to point there (`Alt`,
 /// [`Speculated::promoted`]).
 ///
 /// `settings_assumed`: the settings were not read from the file (a gzip'd file holds them after
