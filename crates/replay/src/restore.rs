@@ -48,7 +48,7 @@ use std::collections::BTreeMap;
 use allocsim_model::AllocatorConfig;
 use allocsim_model::allocator::MempoolId;
 use allocsim_model::constants::{K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE};
-use allocsim_trace::hash::IntSet;
+use allocsim_trace::hash::{IntMap, IntSet};
 use allocsim_trace::{Action, BlockState, SnapshotSegment, TraceEntry};
 
 /// An active block at the trace's start.
@@ -158,6 +158,59 @@ struct Act {
     freed_at: usize,
 }
 
+/// The blocks live at a point of [`reconstruct`]'s backward walk, by address: a hash map (an
+/// insertion and a removal per entry) with a count of blocks per 2 MiB granule of address, for
+/// the question a segment event asks of them (is any block inside this range?), which for ranges
+/// of whole granules (every segment and mapped range torch makes) is a look at the counts.
+#[derive(Default)]
+struct LiveBlocks {
+    blocks: IntMap<u64, Act>,
+    granules: IntMap<u64, u32>,
+}
+
+const GRANULE_BITS: u32 = 21;
+
+impl LiveBlocks {
+    fn insert(&mut self, addr: u64, a: Act) {
+        if self.blocks.insert(addr, a).is_none() {
+            *self.granules.entry(addr >> GRANULE_BITS).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, addr: u64) -> Option<Act> {
+        let a = self.blocks.remove(&addr)?;
+        let g = addr >> GRANULE_BITS;
+        match self.granules.get_mut(&g) {
+            Some(n) if *n > 1 => *n -= 1,
+            _ => {
+                self.granules.remove(&g);
+            }
+        }
+        Some(a)
+    }
+
+    /// Whether a block starts in `start..end`.
+    fn any_in(&self, start: u64, end: u64) -> bool {
+        let whole = |a: u64| a.trailing_zeros() >= GRANULE_BITS;
+        if !(whole(start) && whole(end)) {
+            return self.blocks.keys().any(|&a| a >= start && a < end);
+        }
+        let (g0, g1) = (start >> GRANULE_BITS, end >> GRANULE_BITS);
+        if g1.saturating_sub(g0) <= self.granules.len() as u64 {
+            (g0..g1).any(|g| self.granules.contains_key(&g))
+        } else {
+            self.granules.keys().any(|&g| g >= g0 && g < g1)
+        }
+    }
+
+    /// The blocks by address.
+    fn into_sorted(self) -> Vec<(u64, Act)> {
+        let mut v: Vec<(u64, Act)> = self.blocks.into_iter().collect();
+        v.sort_unstable_by_key(|&(a, _)| a);
+        v
+    }
+}
+
 /// Mapped pages of expandable segments: start → (end, stream).
 type Mapped = BTreeMap<u64, (u64, u64)>;
 
@@ -210,7 +263,7 @@ pub fn reconstruct(
 ) -> Result<InitialState, String> {
     let mut segs: BTreeMap<u64, Seg> = BTreeMap::new();
     let mut mapped: Mapped = BTreeMap::new();
-    let mut active: BTreeMap<u64, Act> = BTreeMap::new();
+    let mut active = LiveBlocks::default();
     // Expandable ranges of the final snapshot: (address, stream, small, pool id), as hints.
     let mut es_hints: Vec<(u64, u64, bool, MempoolId)> = Vec::new();
     for s in segments {
@@ -239,24 +292,24 @@ pub fn reconstruct(
     for (i, e) in trace.iter().enumerate().rev() {
         let at = || format!("entry {i} ({} at {:#x})", e.action.as_str(), e.addr);
         match e.action {
-            Action::Alloc => match active.remove(&e.addr) {
+            Action::Alloc => match active.remove(e.addr) {
                 Some(a) if !a.pending => {}
                 Some(_) => return Err(format!("{}: the block is freed later without a free_requested", at())),
                 None => return Err(format!("{}: no such block is live after it", at())),
             },
-            Action::FreeRequested => match active.get_mut(&e.addr) {
+            Action::FreeRequested => match active.blocks.get_mut(&e.addr) {
                 Some(a) if a.pending => a.pending = false,
                 _ => return Err(format!("{}: the block is not pending after it", at())),
             },
             Action::FreeCompleted => {
-                if active.contains_key(&e.addr) {
+                if active.blocks.contains_key(&e.addr) {
                     return Err(format!("{}: the address is in use after it", at()));
                 }
                 active.insert(e.addr, Act { size: None, requested: e.size, pending: true, freed_at: i });
             }
             Action::SegmentAlloc => match segs.get(&e.addr) {
                 Some(s) if s.size == e.size => {
-                    if active.range(e.addr..e.addr.saturating_add(e.size)).next().is_some() {
+                    if active.any_in(e.addr, e.addr.saturating_add(e.size)) {
                         return Err(format!("{}: blocks of the segment are live before it", at()));
                     }
                     segs.remove(&e.addr);
@@ -276,7 +329,7 @@ pub fn reconstruct(
                 if !unmap_range(&mut mapped, e.addr, e.size) {
                     return Err(format!("{}: those pages are not mapped after it", at()));
                 }
-                if active.range(e.addr..e.addr.saturating_add(e.size)).next().is_some() {
+                if active.any_in(e.addr, e.addr.saturating_add(e.size)) {
                     return Err(format!("{}: blocks in those pages are live before it", at()));
                 }
             }
@@ -290,7 +343,7 @@ pub fn reconstruct(
     }
     let mut out = InitialState::default();
     if segs.is_empty() && mapped.is_empty() {
-        if let Some((a, _)) = active.iter().next() {
+        if let Some(a) = active.blocks.keys().min() {
             return Err(format!("a block at {a:#x} is live at the start outside every segment"));
         }
         return Ok(out);
@@ -377,7 +430,7 @@ pub fn reconstruct(
             }
         })
     };
-    let list: Vec<(u64, Act)> = active.into_iter().collect();
+    let list: Vec<(u64, Act)> = active.into_sorted();
     // The first `alloc` at each address: the first allocation in the free block after a block
     // of unknown size starts where that block ends.
     let mut first_alloc: BTreeMap<u64, usize> = BTreeMap::new();
@@ -526,5 +579,39 @@ impl EmptyStart {
     pub fn finish(&self) -> bool {
         let covered = |&(a, b): &(u64, u64)| self.mapped.range(..=a).next_back().is_some_and(|(_, &t)| t >= b);
         self.unseen.is_empty() && !self.stray_unmap && self.final_mapped.iter().all(covered)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `LiveBlocks` answers as an ordered map of the same blocks would, over insertions and
+    /// removals at addresses that share granules, and ranges whole, partial and wide.
+    #[test]
+    fn live_blocks_find_a_block_in_a_range_as_an_ordered_map_does() {
+        const MIB: u64 = 1 << 20;
+        let act = Act { size: None, requested: 512, pending: false, freed_at: 0 };
+        let (mut live, mut reference) = (LiveBlocks::default(), BTreeMap::new());
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..20_000 {
+            let addr = (1 << 40) + (next() % 64) * MIB + (next() % 4) * 512;
+            if next() % 2 == 0 {
+                live.insert(addr, act);
+                reference.insert(addr, act);
+            } else {
+                assert_eq!(live.remove(addr).is_some(), reference.remove(&addr).is_some());
+            }
+            let start = (1 << 40) + (next() % 70) * MIB - if next() % 3 == 0 { 512 } else { 0 };
+            let len = [2 * MIB, 20 * MIB, 64 * MIB, 3 * MIB / 2][(next() % 4) as usize];
+            assert_eq!(live.any_in(start, start + len), reference.range(start..start + len).next().is_some(), "{start:#x}+{len:#x}");
+        }
+        assert_eq!(live.into_sorted().iter().map(|p| p.0).collect::<Vec<_>>(), reference.keys().copied().collect::<Vec<_>>());
     }
 }
