@@ -553,11 +553,8 @@ fn run_with(snap: &Snapshot, spec: &ReplaySpec<'_>, given: Option<(crate::device
     };
     let limits = prepared.limits(spec.capacity);
     let own_settings = prepared.is_own_under(&config, &limits);
-    let outcome = if own_settings && spec.addresses_from.is_none() {
-        prepared.own_outcome.clone()
-    } else {
-        prepared.replay_under(&config, &limits, placement.clone())
-    };
+    // (The own replay's outcome is moved out of `prepared` at the end, not copied.)
+    let outcome = (!own_settings || spec.addresses_from.is_some()).then(|| prepared.replay_under(&config, &limits, placement.clone()));
     let options = prepared.options(&config, &limits, placement);
     let mut placements = Vec::new();
     if let Some(n) = spec.placements {
@@ -585,6 +582,7 @@ fn run_with(snap: &Snapshot, spec: &ReplaySpec<'_>, given: Option<(crate::device
             budget_ends.push(BudgetEnd { capacity, first_oom: o.first_oom(), ooms: o.ooms.len(), peak_reserved: o.peak_reserved });
         }
     }
-    let Prepared { device, choice, program, trace, segments, budget, .. } = prepared;
+    let Prepared { device, choice, program, trace, segments, budget, own_outcome, .. } = prepared;
+    let outcome = outcome.unwrap_or(own_outcome);
     Ok(Replayed { device, choice, program, options, outcome, placements, trace, segments, own_settings, budget, budget_ends })
 }
