@@ -95,9 +95,7 @@ pub fn replay_file(f: ReplayFile<'_>, options: &ReplayOptions, note: &mut dyn Fn
             match first {
                 Ok(FirstPass::Whole(snap)) => {
                     let holds = speculated.as_ref().is_some_and(|s| s.holds_for(&snap));
-                    if let Some(path) = std::env::var_os("ALLOCSIM_DEBUG_SPECULATION") {
-                        let _ = std::fs::OpenOptions::new().append(true).open(path).and_then(|mut f| std::io::Write::write_all(&mut f, format!("holds: {holds}\n").as_bytes()));
-                    }
+                    debug_speculation(&format!("holds: {holds}"), true);
                     let answer = speculated.filter(|_| holds).and_then(|s| s.speculated.answer(&snap, &options.spec(None)));
                     let v = match answer {
                         Some(v) => Some(v),
@@ -161,6 +159,15 @@ impl Beside {
     }
 }
 
+/// `ALLOCSIM_DEBUG_SPECULATION=FILE`: a line to FILE, after what is there (`append`) or in its
+/// place. (Not stderr: the command line holds its lock.)
+fn debug_speculation(line: &str, append: bool) {
+    if let Some(path) = std::env::var_os("ALLOCSIM_DEBUG_SPECULATION") {
+        let f = std::fs::OpenOptions::new().write(true).create(true).append(append).truncate(!append).open(path);
+        let _ = f.and_then(|mut f| std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()));
+    }
+}
+
 /// A pickle's first pass ([`PickleFile::first_pass`], with at most `max_entries` entries kept),
 /// and beside it, in a second thread, the one-pass replay of the entries as the first pass reads
 /// them, with the settings read from a plain file's end, else assumed (the file holds them only
@@ -184,9 +191,8 @@ fn first_pass_replaying(file: &PickleFile, max_entries: u64, options: &ReplayOpt
             let settings = tail.unwrap_or_else(RecordedSettings::torch_default);
             let segments = teed.segments()?;
             let speculated = replay_speculating(&segments, &settings, assumed, &spec, teed);
-            if let Some(path) = std::env::var_os("ALLOCSIM_DEBUG_SPECULATION") {
-                // (Not stderr: the command line holds its lock.)
-                let _ = std::fs::write(path, format!("{:?}\n", speculated.as_ref().map(|s| format!("answered (maximum tried: {:?}, promoted {})", s.tried.as_ref().map(|t| t.0), s.promoted))));
+            if std::env::var_os("ALLOCSIM_DEBUG_SPECULATION").is_some() {
+                debug_speculation(&format!("{:?}", speculated.as_ref().map(|s| format!("answered (maximum tried: {:?}, promoted {})", s.tried.as_ref().map(|t| t.0), s.promoted))), false);
             }
             let speculated = speculated.ok()?;
             Some(Beside { segments, speculated })

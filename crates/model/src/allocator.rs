@@ -559,6 +559,20 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
+    /// The value at which `alloc_block`'s fraction check for `malloc(orig_size)` would flip were
+    /// it made now ([`Self::limit_probe`]): the malloc's first comparison with the allowed maximum
+    /// when it misses the cache ([`Self::finds_cached_block`]) and no garbage collection (whose
+    /// comparisons come first) runs. Changes nothing.
+    pub fn fraction_check_flip(&self, orig_size: u64) -> u64 {
+        self.limit_flip(self.config.get_allocation_size(self.config.round_size(orig_size)))
+    }
+
+    /// `alloc_block`'s fraction check, `total_allocated_memory + alloc_size > allowed`, fails
+    /// exactly when the allowed maximum is below this.
+    fn limit_flip(&self, alloc_size: u64) -> u64 {
+        self.total_allocated_memory + alloc_size
+    }
+
     /// Whether `malloc(orig_size, stream)` would be served from the cache (`get_free_block` finds
     /// a block), so that it makes no device call and no comparison with the allowed maximum.
     /// Changes nothing.
@@ -973,10 +987,10 @@ impl<D: Device> CachingAllocator<D> {
             self.stats.num_alloc_retries += 1;
         }
         if self.allowed_memory_maximum.is_some() {
-            self.note_limit(self.total_allocated_memory + size);
+            self.note_limit(self.limit_flip(size));
         }
         if let Some(allowed) = self.allowed_memory_maximum
-            && self.total_allocated_memory + size > allowed {
+            && allowed < self.limit_flip(size) {
                 if self.record_steps {
                     let result = Err(AllocFailure::OverLimit { total_allocated: self.total_allocated_memory, alloc_size: size, allowed });
                     self.steps.push(MallocStep::AllocBlock { is_retry, result });

@@ -272,7 +272,7 @@ where
     let mut promoted = 0;
     // The attempt since which the settings are the file's (learned after its entries).
     let mut learned_at = 0;
-    for attempt in 0.. {
+    'attempts: for attempt in 0.. {
         let (own, config) = spec.configs(&settings).map_err(|e| e.to_string())?;
         let input = StreamInput { settings: &settings, devices: None, segments, segment_entries: &[] };
         let trace_capacity = spec.trace_capacity_for(&own, &config);
@@ -360,78 +360,74 @@ where
             return Err(why);
         }
         drop(r);
-        // Where settings other than those assumed may explain why the replay left (a gzip'd
-        // file, whose settings come after its entries): read to the end, and start again under
-        // the file's.
-        let learn = |events: &mut I, settings: &RecordedSettings, why: String| -> Result<RecordedSettings, String> {
-            if settings_assumed && let Some(end) = settings_after_the_end(events, settings)? {
-                return Ok(end);
+        // The maximum to try next, or why there is none.
+        let verdict: Result<u64, String> = 'verdict: {
+            if attempt - learned_at >= MAX_TRIED {
+                break 'verdict Err(why);
             }
-            Err(why)
-        };
-        if attempt - learned_at >= MAX_TRIED {
-            settings = learn(&mut events, &settings, why)?;
-            (settings_assumed, tried, walker, learned_at) = (false, None, None, attempt + 1);
-            continue;
-        }
-        let expandable = RecordedSettings::torch_expandable();
-        let maps = match events.read_so_far() {
-            Some(mut read) => read.find(|(_, e)| e.action.is_segment_event()).is_some_and(|(_, e)| e.action == Action::SegmentMap),
-            None => return Err(why),
-        };
-        if settings_assumed && tried.is_none() && settings != expandable && maps {
-            // Pages mapped where segments were assumed (a gzip'd file, whose settings come last):
-            // expandable segments, most likely set as their documentation spells them.
-            settings = expandable;
-            continue;
-        }
-        if trace_capacity.is_some() {
-            settings = learn(&mut events, &settings, why)?;
-            (settings_assumed, tried, walker, learned_at) = (false, None, None, attempt + 1);
-            continue;
-        }
-        // Under a maximum tried, a replay may start again later in the trace.
-        events.keep_all();
-        let w = walker.get_or_insert_with(|| {
-            let mut w = crate::budget::Walker::new(&own, device_memory);
-            if let Some(read) = events.read_so_far() {
-                read.for_each(|(_, e)| w.push(&e));
+            let expandable = RecordedSettings::torch_expandable();
+            let maps = match events.read_so_far() {
+                Some(mut read) => read.find(|(_, e)| e.action.is_segment_event()).is_some_and(|(_, e)| e.action == Action::SegmentMap),
+                None => return Err(why),
+            };
+            if settings_assumed && tried.is_none() && settings != expandable && maps {
+                // Pages mapped where segments were assumed (a gzip'd file, whose settings come last):
+                // expandable segments, most likely set as their documentation spells them.
+                settings = expandable;
+                continue 'attempts;
             }
-            w
-        });
-        next = next.or_else(|| w.capacity_to_try());
-        if next.is_none() && tried.is_none() {
-            // Left before any OOM of an allowed maximum (its garbage collection, or the releases
-            // of a retry): read on to the first one, and try the maximum it points to; unless
-            // the trace starts mid-history (then no maximum makes it replay from empty).
-            let mid_history = || if why.contains("mid-history") { why.clone() } else { format!("{why}: the trace starts mid-history") };
-            let mut start = crate::program::PreExisting::default();
-            if events.read_so_far().is_none_or(|mut read| read.any(|(_, e)| start.push(&e))) {
-                return Err(mid_history());
+            if trace_capacity.is_some() {
+                break 'verdict Err(why);
             }
-            for item in events.by_ref() {
-                let (dev, e) = item.map_err(read_error)?;
-                if dev != 0 {
-                    return Err(why);
+            // Under a maximum tried, a replay may start again later in the trace.
+            events.keep_all();
+            let w = walker.get_or_insert_with(|| {
+                let mut w = crate::budget::Walker::new(&own, device_memory);
+                if let Some(read) = events.read_so_far() {
+                    read.for_each(|(_, e)| w.push(&e));
                 }
-                if start.push(&e) {
+                w
+            });
+            next = next.or_else(|| w.capacity_to_try());
+            if next.is_none() && tried.is_none() {
+                // Left before any OOM of an allowed maximum (its garbage collection, or the releases
+                // of a retry): read on to the first one, and try the maximum it points to; unless
+                // the trace starts mid-history (then no maximum makes it replay from empty).
+                let mid_history = || if why.contains("mid-history") { why.clone() } else { format!("{why}: the trace starts mid-history") };
+                let mut start = crate::program::PreExisting::default();
+                if events.read_so_far().is_none_or(|mut read| read.any(|(_, e)| start.push(&e))) {
                     return Err(mid_history());
                 }
-                w.push(&e);
-                if e.action == Action::Oom {
-                    next = w.capacity_to_try();
-                    if next.is_some() {
-                        break;
+                for item in events.by_ref() {
+                    let (dev, e) = item.map_err(read_error)?;
+                    if dev != 0 {
+                        return Err(why);
+                    }
+                    if start.push(&e) {
+                        return Err(mid_history());
+                    }
+                    w.push(&e);
+                    if e.action == Action::Oom {
+                        next = w.capacity_to_try();
+                        if next.is_some() {
+                            break;
+                        }
                     }
                 }
             }
+            next.filter(|&n| Some(n) != tried).ok_or(why)
+        };
+        match verdict {
+            Ok(n) => tried = Some(n),
+            Err(why) => {
+                // Settings other than those assumed may explain why the replay left (a gzip'd
+                // file, whose settings come after its entries): read to the end, and start
+                // again under the file's.
+                let learned = if settings_assumed { settings_after_the_end(&mut events, &settings)? } else { None };
+                let Some(end) = learned else { return Err(why) };
+                (settings, settings_assumed, tried, walker, learned_at) = (end, false, None, None, attempt + 1);
+            }
         }
-        if next.is_none() || next == tried {
-            settings = learn(&mut events, &settings, why)?;
-            (settings_assumed, tried, walker, learned_at) = (false, None, None, attempt + 1);
-            continue;
-        }
-        tried = next;
     }
     unreachable!("the loop returns")
 }
@@ -1044,7 +1040,7 @@ impl<'a> DeviceStream<'a> {
             // (Other comparisons come first: no copy.)
             return;
         }
-        let v = alloc.total_allocated_memory + alloc.config.get_allocation_size(alloc.config.round_size(r.size));
+        let v = alloc.fraction_check_flip(r.size);
         if v <= lo || v > hi || alloc.finds_cached_block(r.size, r.stream, r.route) {
             return;
         }
@@ -1089,7 +1085,7 @@ impl<'a> DeviceStream<'a> {
                 break;
             }
             let oi = self.ops;
-            if self.alt.is_none() && self.alt_bounds.is_some() {
+            if self.alt.is_none() && self.alt_bounds.is_some() && !matches!(op, Op::Free { .. } | Op::FreePre { .. } | Op::ForcedRelease { .. }) {
                 // The malloc whose comparisons this op may make: its own, or (a release run or a
                 // completion) the next one's, which the `empty_cache()` inference tries.
                 let next = self.queue.iter().find_map(|q| matches!(q.op, Op::Malloc(_)).then_some(q.request).flatten());
