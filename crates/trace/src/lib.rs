@@ -18,6 +18,7 @@
 //! * [`frames`]: which frame of a recorded stack is the user's call site.
 
 pub mod frames;
+pub mod gzip_tail;
 pub mod hash;
 pub mod jsonl;
 pub mod jsonl_stream;

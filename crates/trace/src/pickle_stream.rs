@@ -2265,13 +2265,14 @@ impl PickleFile {
         vm.into_snapshot()
     }
 
-    /// The settings torch wrote near the end of a plain file, read from its last
-    /// [`TAIL_SETTINGS`] bytes alone: torch writes `allocator_settings` after the traces, with
-    /// only `external_annotations` after it. What a replay that starts before the first pass has
-    /// read the file may assume (the first pass then checks it). `None` for a gzip'd file (its
-    /// end is reached only by decompressing all of it), and where those bytes do not hold the
-    /// key and a value the general decoder reads on its own (one that refers to an earlier memo
-    /// entry, say).
+    /// The settings torch wrote near the end of the file, read from its last [`TAIL_SETTINGS`]
+    /// bytes alone: torch writes `allocator_settings` after the traces, with only
+    /// `external_annotations` after it. A gzip'd file's last bytes are inflated from its last
+    /// deflate blocks without the rest ([`gzip_tail_settings`]). What a replay that starts before
+    /// the first pass has read the file may assume (the first pass then checks it). `None` where
+    /// those bytes do not hold the key and a value the general decoder reads on its own (one
+    /// that refers to an earlier memo entry, say), or a gzip'd file's last blocks do not give
+    /// them.
     pub fn tail_settings(&self) -> Option<RecordedSettings> {
         let tail = match &self.bytes {
             Some(b) => return settings_in_tail(&b[b.len().saturating_sub(TAIL_SETTINGS as usize)..]),
@@ -2284,7 +2285,7 @@ impl PickleFile {
                 f.read_to_end(&mut v).ok()?;
                 v
             }
-            None => return None,
+            None => return gzip_tail_settings(&self.path),
         };
         settings_in_tail(&tail)
     }
@@ -2296,6 +2297,12 @@ impl PickleFile {
     }
 }
 
+/// The settings a gzip'd snapshot pickle holds, read from its last blocks without inflating the
+/// rest ([`crate::gzip_tail`]; [`settings_in_known_tail`]); `None` where they cannot be read so.
+pub fn gzip_tail_settings(path: &Path) -> Option<RecordedSettings> {
+    crate::gzip_tail::known_tail(path, TAIL_SETTINGS as usize, settings_in_known_tail)
+}
+
 /// How much of a plain file's end [`PickleFile::tail_settings`] reads.
 pub const TAIL_SETTINGS: u64 = 1 << 20;
 
@@ -2305,9 +2312,64 @@ pub const TAIL_SETTINGS: u64 = 1 << 20;
 /// of their own (a reference to an earlier memo entry fails it, but for the one an unset
 /// `PYTORCH_CUDA_ALLOC_CONF` makes) and converted as the whole-file decoders convert them.
 fn settings_in_tail(tail: &[u8]) -> Option<RecordedSettings> {
+    let (_, start, end) = settings_value_in(tail)?;
+    settings_of_value(tail[start..end].to_vec())
+}
+
+/// [`settings_in_tail`] of the end of a gzip'd file read without the bytes before it
+/// ([`crate::gzip_tail`]), where `known[i]` says whether `tail[i]` is the file's byte. Every byte
+/// of the value must be known but for what deflate copied from before the bytes read, in two
+/// places where only one thing can stand:
+/// - three bytes after a key's memo put and before a string: the opening of a dict of several
+///   items, `EMPTY_DICT`, `MEMOIZE`, `MARK` (CPython writes it before every such dict);
+/// - two or five bytes after the `PYTORCH_CUDA_ALLOC_CONF` key and before a string: a reference
+///   to an earlier memo entry (`BINGET`, `LONG_BINGET`), which [`settings_in_tail`] takes for
+///   the empty string.
+///
+/// What this reads is checked like every assumption of the replay that starts before the first
+/// pass ends.
+fn settings_in_known_tail(tail: &[u8], known: &[bool]) -> Option<RecordedSettings> {
+    const CONF: &[u8] = b"\x8c\x17PYTORCH_CUDA_ALLOC_CONF\x94";
+    let (key, start, end) = settings_value_in(tail)?;
+    // The key and the next one (or the two closing bytes) must be read, not guessed.
+    if !known[key..start].iter().all(|&k| k) || !known[end..(end + 2).min(tail.len())].iter().all(|&k| k) {
+        return None;
+    }
+    let mut value = tail[start..end].to_vec();
+    let known = &known[start..end];
+    let mut i = 0;
+    while i < value.len() {
+        if known[i] {
+            i += 1;
+            continue;
+        }
+        let run = known[i..].iter().take_while(|&&k| !k).count();
+        let before_string = value.get(i + run) == Some(&0x8c);
+        // (At 0: after the `allocator_settings` key.)
+        let after_key = i == 0 || value[i - 1] == 0x94;
+        let after_conf = i >= CONF.len() && value[i - CONF.len()..i] == *CONF && known[i - CONF.len()..i].iter().all(|&k| k);
+        let stands: &[u8] = match run {
+            2 if after_conf => b"h\x00",
+            5 if after_conf => b"j\x00\x00\x00\x00",
+            3 if after_key => b"}\x94(",
+            _ => return None,
+        };
+        if !before_string {
+            return None;
+        }
+        value[i..i + run].copy_from_slice(stands);
+        i += run;
+    }
+    settings_of_value(value)
+}
+
+/// Where the `allocator_settings` key and its value lie in `tail` (see [`settings_in_tail`]):
+/// the key's first byte, the value's first, the byte after it.
+fn settings_value_in(tail: &[u8]) -> Option<(usize, usize, usize)> {
     const KEY: &[u8] = b"\x8c\x12allocator_settings";
     const NEXT: &[u8] = b"\x8c\x14external_annotations";
-    let mut start = memchr::memmem::rfind(tail, KEY)? + KEY.len();
+    let key = memchr::memmem::rfind(tail, KEY)?;
+    let mut start = key + KEY.len();
     // The key's memo put, if any.
     start += match tail.get(start)? {
         0x94 => 1,
@@ -2317,7 +2379,11 @@ fn settings_in_tail(tail: &[u8]) -> Option<RecordedSettings> {
     };
     let rest = tail.get(start..)?;
     let end = memchr::memmem::find(rest, NEXT).unwrap_or(rest.len().checked_sub(2)?);
-    let mut value = rest[..end].to_vec();
+    Some((key, start, start + end))
+}
+
+/// The settings of an `allocator_settings` value's pickle bytes (see [`settings_in_tail`]).
+fn settings_of_value(mut value: Vec<u8>) -> Option<RecordedSettings> {
     // `PYTORCH_CUDA_ALLOC_CONF` unset is the empty string, which CPython interns: the pickle
     // refers to where it first wrote it, before the tail. Taken for the empty string (what else
     // the reference could be is a string written earlier, which a setting's is not).

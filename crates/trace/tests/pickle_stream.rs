@@ -173,6 +173,8 @@ fn every_trace_streams_as_the_whole_file_decodes() {
         reference::expect_count("shared traces", files.len() - local, reference::SHARED_TRACE_RUNS);
     }
     assert!(local >= 20, "only {local} traces in traces/ and tests/fixtures");
+    // Recordings whose settings a gzip'd file's last blocks give (`gzip_tail`), of those tried.
+    let (mut from_last_blocks, mut gzip_recordings) = (0, 0);
     for path in &files {
         let bytes = std::fs::read(path).unwrap();
         let raw = if bytes.starts_with(&[0x1f, 0x8b]) { gunzip(&bytes) } else { bytes };
@@ -192,15 +194,22 @@ fn every_trace_streams_as_the_whole_file_decodes() {
         let plain = PickleFile::from_bytes(raw.clone());
         check(&plain, &whole, &format!("{what} (plain)"));
         if !path.starts_with(repo.join("tests/fixtures")) {
-            // Written by torch: the settings are found at the end of the plain file (not of a
-            // gzip'd one, which is not decompressed for them).
+            // Written by torch: the settings are found at the end of the plain file; in a gzip'd
+            // one, where its last blocks give every byte of them (`check` compares them).
             assert_eq!(plain.tail_settings(), Some(whole.settings.clone()), "{what}: the settings read from the file's end");
-            assert_eq!(file.tail_settings(), None, "{what}: gzip'd");
+            if path.extension().is_some_and(|e| e == "gz") {
+                gzip_recordings += 1;
+                from_last_blocks += usize::from(file.tail_settings().is_some());
+            }
         }
         // Written back by allocsim's pickler (stacks shared as lists, protocol 4).
         let again = snapshot::to_pickle(&whole);
         check(&PickleFile::from_bytes(again), &whole, &format!("{what} (rewritten)"));
     }
+    eprintln!("settings read from a gzip'd recording's last blocks: {from_last_blocks} of {gzip_recordings}");
+    // 83 of 87 when this was written (the rest hold values deflate copied from before the
+    // blocks read: the search gives up, and the replay assumes torch's defaults as before).
+    assert!(from_last_blocks >= 80, "settings read from a gzip'd recording's last blocks: only {from_last_blocks} of {gzip_recordings}");
 }
 
 #[test]
