@@ -2324,7 +2324,10 @@ fn settings_in_tail(tail: &[u8]) -> Option<RecordedSettings> {
 ///   items, `EMPTY_DICT`, `MEMOIZE`, `MARK` (CPython writes it before every such dict);
 /// - two or five bytes after the `PYTORCH_CUDA_ALLOC_CONF` key and before a string: a reference
 ///   to an earlier memo entry (`BINGET`, `LONG_BINGET`), which [`settings_in_tail`] takes for
-///   the empty string.
+///   the empty string;
+/// - bytes of `max_split_size`'s `BININT` (its low bytes are a multiple of 1 MiB's, which
+///   deflate copies from sizes before): the value the conf string, read in full, gives
+///   ([`max_split_size_binint`]), where the bytes that are known agree with it.
 ///
 /// What this reads is checked like every assumption of the replay that starts before the first
 /// pass ends.
@@ -2352,7 +2355,21 @@ fn settings_in_known_tail(tail: &[u8], known: &[bool]) -> Option<RecordedSetting
             2 if after_conf => b"h\x00",
             5 if after_conf => b"j\x00\x00\x00\x00",
             3 if after_key => b"}\x94(",
-            _ => return None,
+            _ => {
+                // Within `max_split_size`'s `BININT`: the value the conf gives, where the bytes
+                // read agree with it.
+                let at = memchr::memmem::find(&value, MAX_SPLIT)? + MAX_SPLIT.len();
+                let int = max_split_size_binint(&value)?;
+                if !(at..at + 5).contains(&i) || i + run > at + 5 {
+                    return None;
+                }
+                if (at..at + 5).any(|j| known[j] && value[j] != int[j - at]) {
+                    return None;
+                }
+                value[at..at + 5].copy_from_slice(&int);
+                i = at + 5;
+                continue;
+            }
         };
         if !before_string {
             return None;
@@ -2361,6 +2378,38 @@ fn settings_in_known_tail(tail: &[u8], known: &[bool]) -> Option<RecordedSetting
         i += run;
     }
     settings_of_value(value)
+}
+
+const MAX_SPLIT: &[u8] = b"\x8c\x0emax_split_size\x94";
+
+/// The `BININT` torch's snapshot holds for `max_split_size`, from the `PYTORCH_CUDA_ALLOC_CONF`
+/// string in the settings pickle `value` (which must be read whole): `max_split_size_mb:N` (the
+/// last such option) is N MiB, which torch accepts above 20; none is `SIZE_MAX`, written as -1.
+/// `None` where the conf cannot be read, or the value does not fit a `BININT`.
+fn max_split_size_binint(value: &[u8]) -> Option<[u8; 5]> {
+    const CONF: &[u8] = b"\x8c\x17PYTORCH_CUDA_ALLOC_CONF\x94";
+    let at = memchr::memmem::find(value, CONF)? + CONF.len();
+    let conf = match value.get(at..)? {
+        [0x8c, n, rest @ ..] => std::str::from_utf8(rest.get(..*n as usize)?).ok()?,
+        // (The empty string, referred to.)
+        [b'h', ..] | [b'j', ..] => "",
+        _ => return None,
+    };
+    let mb = conf.split(',').filter_map(|kv| kv.split_once(':')).filter(|(k, _)| k.trim() == "max_split_size_mb").last();
+    let v: i64 = match mb {
+        None => -1,
+        Some((_, n)) => {
+            let n: i64 = n.trim().parse().ok()?;
+            if n <= 20 {
+                return None;
+            }
+            n.checked_mul(1 << 20)?
+        }
+    };
+    let v = i32::try_from(v).ok()?;
+    let mut int = [b'J', 0, 0, 0, 0];
+    int[1..].copy_from_slice(&v.to_le_bytes());
+    Some(int)
 }
 
 /// Where the `allocator_settings` key and its value lie in `tail` (see [`settings_in_tail`]):
@@ -2453,5 +2502,79 @@ impl Iterator for Events {
                 Some(Err(e))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The last MiB of a recording in `traces/`, decompressed, and the settings it holds.
+    fn recorded_tail(name: &str) -> (Vec<u8>, RecordedSettings) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces").join(name);
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap()).read_to_end(&mut raw).unwrap();
+        let settings = crate::snapshot::from_pickle(&raw).unwrap().settings;
+        let tail = raw[raw.len().saturating_sub(TAIL_SETTINGS as usize)..].to_vec();
+        (tail, settings)
+    }
+
+    /// `tail` with the bytes of `pattern`'s last occurrence from `from` to `to` unknown (their
+    /// values garbled, as a fill would leave them).
+    fn unknown(tail: &[u8], pattern: &[u8], from: usize, to: usize) -> (Vec<u8>, Vec<bool>) {
+        let at = memchr::memmem::rfind(tail, pattern).unwrap();
+        let (mut bytes, mut known) = (tail.to_vec(), vec![true; tail.len()]);
+        for i in at + from..at + to {
+            bytes[i] = 0x90;
+            known[i] = false;
+        }
+        (bytes, known)
+    }
+
+    #[test]
+    fn settings_are_read_from_bytes_some_of_which_are_unknown() {
+        let (tail, settings) = recorded_tail("crossstream__msplit64__320M.pickle.gz");
+        assert_eq!(settings.max_split_size, Some(64 << 20), "the recording this is for");
+        let all = vec![true; tail.len()];
+        assert_eq!(settings_in_known_tail(&tail, &all), Some(settings.clone()));
+        // The dict's opening after the key, copied from before.
+        let (b, k) = unknown(&tail, b"allocator_settings\x94}\x94(", 19, 22);
+        assert_eq!(settings_in_known_tail(&b, &k), Some(settings.clone()), "the dict's opening");
+        let (b, k) = unknown(&tail, b"roundup_power2_divisions\x94}\x94(", 25, 28);
+        assert_eq!(settings_in_known_tail(&b, &k), Some(settings.clone()), "the inner dict's opening");
+        // max_split_size's BININT: from the conf string, where the known bytes agree.
+        for (from, to) in [(0, 2), (1, 4), (0, 5)] {
+            let (b, k) = unknown(&tail, b"max_split_size\x94J\x00\x00\x00\x04", 15 + from, 15 + to);
+            assert_eq!(settings_in_known_tail(&b, &k), Some(settings.clone()), "max_split_size's bytes {from}..{to}");
+        }
+        let (mut b, k) = unknown(&tail, b"max_split_size\x94J\x00\x00\x00\x04", 15, 17);
+        let at = memchr::memmem::rfind(&b, b"\x00\x00\x04\x8c\x1cgarbage").unwrap();
+        b[at + 2] = 0x05;
+        assert_eq!(settings_in_known_tail(&b, &k), None, "known bytes that disagree with the conf");
+        // What cannot be inferred: the conf string itself, another value, the key.
+        for (pattern, from, to) in [(&b"max_split_size_mb:64"[..], 3, 6), (b"expandable_segments\x94\x89", 20, 21), (b"allocator_settings", 2, 5), (b"threads\x94K\x01", 8, 10)] {
+            let (b, k) = unknown(&tail, pattern, from, to);
+            assert_eq!(settings_in_known_tail(&b, &k), None, "{}", String::from_utf8_lossy(pattern));
+        }
+    }
+
+    #[test]
+    fn max_split_size_is_what_torch_makes_of_the_conf() {
+        let value = |conf: &str| {
+            let mut v = b"\x8c\x17PYTORCH_CUDA_ALLOC_CONF\x94".to_vec();
+            v.push(0x8c);
+            v.push(conf.len() as u8);
+            v.extend_from_slice(conf.as_bytes());
+            max_split_size_binint(&v)
+        };
+        assert_eq!(value("max_split_size_mb:128"), Some(*b"J\x00\x00\x00\x08"));
+        assert_eq!(value("expandable_segments:True, max_split_size_mb: 64"), Some(*b"J\x00\x00\x00\x04"));
+        assert_eq!(value("max_split_size_mb:64,max_split_size_mb:512"), Some(*b"J\x00\x00\x00\x20"));
+        assert_eq!(value("garbage_collection_threshold:0.6"), Some(*b"J\xff\xff\xff\xff"));
+        assert_eq!(value(""), Some(*b"J\xff\xff\xff\xff"));
+        // Refused by torch, or beyond a BININT: not inferred.
+        assert_eq!(value("max_split_size_mb:20"), None);
+        assert_eq!(value("max_split_size_mb:4096"), None);
+        assert_eq!(value("max_split_size_mb:x"), None);
     }
 }
