@@ -107,8 +107,7 @@ const FILLS: [u8; 2] = [0x90, 0xFF];
 fn primed(from: &[u8], skip: usize, fill: u8) -> Vec<u8> {
     let mut w = BitWriter::default();
     w.put(0b010, 3); // not the last block; fixed codes
-    let literals = (skip + 6) % 8;
-    for _ in 0..literals {
+    for _ in 0..primer_literals(skip) {
         // 144..=255: the nine-bit codes 110010000 onwards, sent first bit first.
         w.put_code(0b1_1001_0000 + u32::from(fill - 144), 9);
     }
@@ -125,6 +124,11 @@ fn primed(from: &[u8], skip: usize, fill: u8) -> Vec<u8> {
         out.extend_from_slice(from);
     }
     out
+}
+
+/// How many literals [`primed`]'s block holds before a block at bit `skip` of a byte.
+fn primer_literals(skip: usize) -> usize {
+    (skip + 6) % 8
 }
 
 #[derive(Default)]
@@ -306,7 +310,6 @@ fn inflate_to_end(from: &[u8], skip: usize, fill: u8, keep: usize, output: &mut 
     let mut z = Decompress::new(false);
     z.set_dictionary(&[fill; WINDOW]).ok()?;
     let mut out: Vec<u8> = Vec::with_capacity(keep + 2 * STEP);
-    // (The primer's literals are dropped with the rest of what is not kept, or are unknown.)
     loop {
         if out.capacity() - out.len() < STEP {
             let drop = out.len().saturating_sub(keep);
@@ -327,8 +330,11 @@ fn inflate_to_end(from: &[u8], skip: usize, fill: u8, keep: usize, output: &mut 
     if data.len() - z.total_in() as usize != TRAILER {
         return None;
     }
-    let drop = out.len().saturating_sub(keep);
-    out.drain(..drop);
+    // Not the primer's literals (the first output, where it was all kept), nor more than `keep`.
+    let primer = primer_literals(skip) as u64;
+    let kept_from = z.total_out() - out.len() as u64;
+    let drop = (out.len().saturating_sub(keep) as u64).max(primer.saturating_sub(kept_from));
+    out.drain(..drop as usize);
     Some(out)
 }
 
@@ -360,6 +366,7 @@ mod tests {
     /// Checks the bytes said to be known against the contents' end; gives how many are known.
     fn check(data: &[u8], bytes: &[u8], known: &[bool]) -> usize {
         assert_eq!(bytes.len(), known.len());
+        assert!(bytes.len() <= data.len(), "{} bytes given of contents of {}", bytes.len(), data.len());
         let at = data.len() - bytes.len();
         for (i, (&b, &k)) in bytes.iter().zip(known).enumerate() {
             assert!(!k || b == data[at + i], "byte {} of {} said known, but wrong", at + i, data.len());
