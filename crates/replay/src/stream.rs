@@ -263,7 +263,6 @@ where
     }
     let (mut settings, mut settings_assumed) = (settings.clone(), settings_assumed);
     let mut events = events;
-    let read_error = |_| "a read error".to_string();
     // A replay starts again (only on one device's trace) from the entries read so far
     // (`Rewind`), and the bounds they give the allowed maximum.
     let mut keep = true;
@@ -444,7 +443,7 @@ where
         return Ok(None);
     }
     for item in events.by_ref() {
-        item.map_err(|_| "a read error".to_string())?;
+        item.map_err(read_error)?;
     }
     Ok(events.settings_at_end().filter(|&s| s != assumed).cloned())
 }
@@ -460,8 +459,14 @@ fn speculated<E>(r: Replayer<'_, '_>, settings: RecordedSettings, tried: Option<
         Ok(Pass::Fallback(why)) => Err(why),
         Ok(Pass::Again(_)) => Err("a second pass is needed (cross-stream frees learned late)".into()),
         Err(StreamError::Run(e)) => Err(e.to_string()),
-        Err(StreamError::Read(_)) => Err("a read error".into()),
+        Err(StreamError::Read(e)) => Err(read_error(e)),
     }
+}
+
+/// What a read error is in [`replay_speculating`]'s reasons for not answering (the decoders
+/// that read the file whole then name it).
+fn read_error<E>(_: E) -> String {
+    "a read error".to_string()
 }
 
 /// A device whose final segments hold segments or pages its segment events did not allocate
