@@ -43,11 +43,11 @@ const WINDOW: usize = 32 << 10;
 /// The gzip trailer after the deflate data: CRC-32 and size.
 const TRAILER: usize = 8;
 
-/// The last at most `keep` bytes of the gzip'd file `path`'s contents that can be known without
-/// inflating all of it (see the module documentation), given to `take` until it answers `Some`;
-/// `None` where no block start within [`SEARCH`] bytes of the end gives `take` what it wants
-/// (or the file cannot be read). The bytes given are always the contents' exact end; fewer than
-/// `keep` where the bytes before them are unknown.
+/// The end of the gzip'd file `path`'s contents, inflated from a block near it without the rest
+/// (see the module documentation), given to `take` until it answers `Some`: the last at most
+/// `keep` bytes from the block's start on, and for each whether it is known to be the file's
+/// byte. `None` where no block start within [`SEARCH`] bytes of the end gives `take` what it
+/// wants (or the file cannot be read).
 pub fn known_tail<T>(path: &Path, keep: usize, take: impl FnMut(&[u8], &[bool]) -> Option<T>) -> Option<T> {
     let mut f = std::fs::File::open(path).ok()?;
     let len = f.metadata().ok()?.len();
@@ -101,9 +101,10 @@ fn bits(d: &[u8], p: usize, n: u32) -> u32 {
 const FILLS: [u8; 2] = [0x90, 0xFF];
 
 /// Raw deflate data whose first block is the one at bit `skip` of `from` (`from` from its first
-/// byte on), bit-aligned as there so that a stored block's padding still falls where the
-/// compressor put it: before it, one block of fixed codes holding as many `fill` literals
-/// (nine bits each) as make its length `skip` modulo 8, whose bits share the first byte.
+/// byte on), at the same bit of a byte as there, so that a stored block later on (a sync flush)
+/// finds its byte boundary where the compressor put it: before it, one block of fixed codes
+/// holding as many `fill` literals (nine bits each) as make its length `skip` modulo 8, whose
+/// last bits share the first byte.
 fn primed(from: &[u8], skip: usize, fill: u8) -> Vec<u8> {
     let mut w = BitWriter::default();
     w.put(0b010, 3); // not the last block; fixed codes
@@ -384,6 +385,31 @@ mod tests {
             let known = known_tail_of(&gz[from..], 1 << 20, |b, k| Some(check(&data, b, k))).expect("a block start");
             assert!(known >= 17, "{n} bytes at level {level}: only {known} known");
         }
+    }
+
+    /// Sync flushes (as pigz writes between its chunks) put empty stored blocks between the
+    /// others, which must find their byte boundary where the compressor put it, whatever bit of
+    /// a byte the block inflated from starts at.
+    #[test]
+    fn stored_blocks_after_the_start_keep_their_byte_boundaries() {
+        let mut data = sample(2 << 20, 11);
+        data.extend_from_slice(b"THE END: settings");
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(6));
+        for chunk in data.chunks(20_000) {
+            e.write_all(chunk).unwrap();
+            e.flush().unwrap();
+        }
+        let gz = e.finish().unwrap();
+        assert!(gz.windows(4).filter(|w| *w == [0, 0, 0xFF, 0xFF]).count() >= 50, "the sync flushes are there");
+        let from = gz.len() - SEARCH as usize;
+        // Inflated from a block before the last flush: through its stored block.
+        let mut seen = Vec::new();
+        let got = known_tail_of(&gz[from..], 1 << 20, |b, k| {
+            seen.push((b.len(), check(&data, b, k)));
+            (b.len() > 30_000).then_some(())
+        });
+        assert!(got.is_some(), "{seen:?}");
+        assert!(seen.iter().all(|&(_, known)| known >= 17), "{seen:?}");
     }
 
     #[test]
