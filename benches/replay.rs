@@ -1,4 +1,5 @@
-//! Speed figures (criterion): decoding, replaying, sweeping. The largest reference trace is used
+//! Speed figures (criterion): decoding (and a gzip'd file's settings read from its end), replaying,
+//! sweeping. The largest reference trace is used
 //! when `../shared/traces` is present (synthetic: 450 k entries, 150 k requests), else the largest
 //! in `traces/`. Run with `cargo bench --bench replay`; figures are recorded in docs/performance.md.
 //! `ALLOCSIM_BENCH_PICKLE=FILE` adds the `real_pickle` group: a snapshot of your own (a real one,
@@ -51,6 +52,15 @@ fn benches(c: &mut Criterion) {
     let file = allocsim_trace::pickle_stream::PickleFile::from_bytes(raw.clone());
     g.bench_function("pickle_stream_scan", |b| b.iter(|| black_box(file.scan().unwrap().entries)));
     g.bench_function("pickle_stream_events", |b| b.iter(|| black_box(file.events().unwrap().map(|e| e.unwrap().1.size).sum::<u64>())));
+    g.finish();
+
+    // The settings of the gzip'd file from its last deflate blocks (`gzip_tail`), what the replay
+    // beside the first pass waits for before it starts.
+    let found = allocsim_trace::pickle_stream::gzip_tail_settings(&path).is_some();
+    eprintln!("{}: settings from the last deflate blocks: {}", path.display(), if found { "read" } else { "not read" });
+    let mut g = c.benchmark_group("gzip_tail");
+    g.sample_size(20);
+    g.bench_function("settings", |b| b.iter(|| black_box(allocsim_trace::pickle_stream::gzip_tail_settings(black_box(&path)).is_some())));
     g.finish();
 
     // A kvcache snapshot with stacks, as `allocsim synth` + `convert` writes it (665 k entries,
