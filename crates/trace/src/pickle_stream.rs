@@ -2360,7 +2360,7 @@ fn settings_in_known_tail(tail: &[u8], known: &[bool]) -> Option<RecordedSetting
                 // read agree with it.
                 let at = memchr::memmem::find(&value, MAX_SPLIT)? + MAX_SPLIT.len();
                 let int = max_split_size_binint(&value)?;
-                if !(at..at + 5).contains(&i) || i + run > at + 5 {
+                if !known[at - MAX_SPLIT.len()..at].iter().all(|&k| k) || !(at..at + 5).contains(&i) || i + run > at + 5 {
                     return None;
                 }
                 if (at..at + 5).any(|j| known[j] && value[j] != int[j - at]) {
@@ -2552,7 +2552,13 @@ mod tests {
         b[at + 2] = 0x05;
         assert_eq!(settings_in_known_tail(&b, &k), None, "known bytes that disagree with the conf");
         // What cannot be inferred: the conf string itself, another value, the key.
-        for (pattern, from, to) in [(&b"max_split_size_mb:64"[..], 3, 6), (b"expandable_segments\x94\x89", 20, 21), (b"allocator_settings", 2, 5), (b"threads\x94K\x01", 8, 10)] {
+        for (pattern, from, to) in [
+            (&b"max_split_size_mb:64"[..], 3, 6),
+            (b"expandable_segments\x94\x89", 20, 21),
+            (b"allocator_settings", 2, 5),
+            (b"threads\x94K\x01", 8, 10),
+            (b"max_split_size\x94J\x00\x00\x00\x04", 4, 17),
+        ] {
             let (b, k) = unknown(&tail, pattern, from, to);
             assert_eq!(settings_in_known_tail(&b, &k), None, "{}", String::from_utf8_lossy(pattern));
         }
