@@ -56,11 +56,12 @@ fn benches(c: &mut Criterion) {
 
     // The settings of the gzip'd file from its last deflate blocks (`gzip_tail`), what the replay
     // beside the first pass waits for before it starts.
-    let found = allocsim_trace::pickle_stream::gzip_tail_settings(&path).is_some();
+    let max_split_size_of = AllocatorConfig::recorded_max_split_size;
+    let found = allocsim_trace::pickle_stream::gzip_tail_settings(&path, max_split_size_of).is_some();
     eprintln!("{}: settings from the last deflate blocks: {}", path.display(), if found { "read" } else { "not read" });
     let mut g = c.benchmark_group("gzip_tail");
     g.sample_size(20);
-    g.bench_function("settings", |b| b.iter(|| black_box(allocsim_trace::pickle_stream::gzip_tail_settings(black_box(&path)).is_some())));
+    g.bench_function("settings", |b| b.iter(|| black_box(allocsim_trace::pickle_stream::gzip_tail_settings(black_box(&path), max_split_size_of).is_some())));
     g.finish();
 
     // A kvcache snapshot with stacks, as `allocsim synth` + `convert` writes it (665 k entries,

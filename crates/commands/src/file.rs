@@ -186,7 +186,7 @@ fn first_pass_replaying(file: &PickleFile, max_entries: u64, options: &ReplayOpt
         let replay = scope.spawn(move || {
             // The settings from the file's end where it can be read alone (a plain file), else
             // torch's defaults.
-            let tail = file.tail_settings();
+            let tail = file.tail_settings(allocsim_model::AllocatorConfig::recorded_max_split_size);
             let assumed = tail.is_none();
             let settings = tail.unwrap_or_else(RecordedSettings::torch_default);
             let segments = teed.segments()?;

@@ -68,6 +68,12 @@ impl AllocatorConfig {
         Ok(c)
     }
 
+    /// The `max_split_size` a snapshot's `allocator_settings` records for the settings string
+    /// `conf` (the allocator's `size_t`, so `SIZE_MAX` reads as −1); `None` where `conf` is refused.
+    pub fn recorded_max_split_size(conf: &str) -> Option<i64> {
+        AllocatorConfig::parse(conf).ok().map(|c| c.max_split_size as i64)
+    }
+
     /// Re-parses a full settings string onto the current settings, as `_set_allocator_settings` does:
     /// `max_split_size`, `roundup_power2_divisions`, `garbage_collection_threshold` and
     /// `max_non_split_rounding_size` are reset first; other keys keep their value when absent.

@@ -188,9 +188,6 @@ fn dynamic_header_is_valid(d: &[u8], mut p: usize, end: usize) -> bool {
         cl[sym] = bits(d, p, 3) as u8;
         p += 3;
     }
-    if kraft(&cl, 7) != Some(1 << 7) {
-        return false;
-    }
     let table = decode_table(&cl);
     let n = hlit + hdist;
     let mut lens = [0u8; 286 + 30];

@@ -2272,8 +2272,9 @@ impl PickleFile {
     /// the first pass has read the file may assume (the first pass then checks it). `None` where
     /// those bytes do not hold the key and a value the general decoder reads on its own (one
     /// that refers to an earlier memo entry, say), or a gzip'd file's last blocks do not give
-    /// them.
-    pub fn tail_settings(&self) -> Option<RecordedSettings> {
+    /// them. `max_split_size_of` is the allocator's reading of a settings string (see
+    /// [`gzip_tail_settings`]).
+    pub fn tail_settings(&self, max_split_size_of: impl Fn(&str) -> Option<i64>) -> Option<RecordedSettings> {
         let tail = match &self.bytes {
             Some(b) => return settings_in_tail(&b[b.len().saturating_sub(TAIL_SETTINGS as usize)..]),
             None if !self.gzip => {
@@ -2285,7 +2286,7 @@ impl PickleFile {
                 f.read_to_end(&mut v).ok()?;
                 v
             }
-            None => return gzip_tail_settings(&self.path),
+            None => return gzip_tail_settings(&self.path, max_split_size_of),
         };
         settings_in_tail(&tail)
     }
@@ -2299,8 +2300,11 @@ impl PickleFile {
 
 /// The settings a gzip'd snapshot pickle holds, read from its last blocks without inflating the
 /// rest ([`crate::gzip_tail`]; [`settings_in_known_tail`]); `None` where they cannot be read so.
-pub fn gzip_tail_settings(path: &Path) -> Option<RecordedSettings> {
-    crate::gzip_tail::known_tail(path, TAIL_SETTINGS as usize, settings_in_known_tail)
+/// `max_split_size_of` gives the `max_split_size` the allocator records for a
+/// `PYTORCH_CUDA_ALLOC_CONF` string (`allocsim_model::AllocatorConfig::recorded_max_split_size`;
+/// this crate knows formats, not how the allocator parses its settings).
+pub fn gzip_tail_settings(path: &Path, max_split_size_of: impl Fn(&str) -> Option<i64>) -> Option<RecordedSettings> {
+    crate::gzip_tail::known_tail(path, TAIL_SETTINGS as usize, |bytes, known| settings_in_known_tail(bytes, known, &max_split_size_of))
 }
 
 /// How much of a plain file's end [`PickleFile::tail_settings`] reads.
@@ -2326,13 +2330,12 @@ fn settings_in_tail(tail: &[u8]) -> Option<RecordedSettings> {
 ///   to an earlier memo entry (`BINGET`, `LONG_BINGET`), which [`settings_in_tail`] takes for
 ///   the empty string;
 /// - bytes of `max_split_size`'s `BININT` (its low bytes are a multiple of 1 MiB's, which
-///   deflate copies from sizes before): the value the conf string, read in full, gives
-///   ([`max_split_size_binint`]), where the bytes that are known agree with it.
+///   deflate copies from sizes before): the value `max_split_size_of` gives for the conf string,
+///   read in full ([`max_split_size_binint`]), where the bytes that are known agree with it.
 ///
 /// What this reads is checked like every assumption of the replay that starts before the first
 /// pass ends.
-fn settings_in_known_tail(tail: &[u8], known: &[bool]) -> Option<RecordedSettings> {
-    const CONF: &[u8] = b"\x8c\x17PYTORCH_CUDA_ALLOC_CONF\x94";
+fn settings_in_known_tail(tail: &[u8], known: &[bool], max_split_size_of: &dyn Fn(&str) -> Option<i64>) -> Option<RecordedSettings> {
     let (key, start, end) = settings_value_in(tail)?;
     // The key and the next one (or the two closing bytes) must be read, not guessed.
     if !known[key..start].iter().all(|&k| k) || !known[end..(end + 2).min(tail.len())].iter().all(|&k| k) {
@@ -2350,7 +2353,7 @@ fn settings_in_known_tail(tail: &[u8], known: &[bool]) -> Option<RecordedSetting
         let before_string = value.get(i + run) == Some(&0x8c);
         // (At 0: after the `allocator_settings` key.)
         let after_key = i == 0 || value[i - 1] == 0x94;
-        let after_conf = i >= CONF.len() && value[i - CONF.len()..i] == *CONF && known[i - CONF.len()..i].iter().all(|&k| k);
+        let after_conf = i >= CONF_KEY_PUT.len() && value[i - CONF_KEY_PUT.len()..i] == *CONF_KEY_PUT && known[i - CONF_KEY_PUT.len()..i].iter().all(|&k| k);
         let stands: &[u8] = match run {
             2 if after_conf => b"h\x00",
             5 if after_conf => b"j\x00\x00\x00\x00",
@@ -2359,7 +2362,7 @@ fn settings_in_known_tail(tail: &[u8], known: &[bool]) -> Option<RecordedSetting
                 // Within `max_split_size`'s `BININT`: the value the conf gives, where the bytes
                 // read agree with it.
                 let at = memchr::memmem::find(&value, MAX_SPLIT)? + MAX_SPLIT.len();
-                let int = max_split_size_binint(&value)?;
+                let int = max_split_size_binint(&value, max_split_size_of)?;
                 if !known[at - MAX_SPLIT.len()..at].iter().all(|&k| k) || !(at..at + 5).contains(&i) || i + run > at + 5 {
                     return None;
                 }
@@ -2380,33 +2383,25 @@ fn settings_in_known_tail(tail: &[u8], known: &[bool]) -> Option<RecordedSetting
     settings_of_value(value)
 }
 
+/// The `max_split_size` key and its memo put.
 const MAX_SPLIT: &[u8] = b"\x8c\x0emax_split_size\x94";
+/// The `PYTORCH_CUDA_ALLOC_CONF` key, and with its memo put.
+const CONF_KEY: &[u8] = b"\x8c\x17PYTORCH_CUDA_ALLOC_CONF";
+const CONF_KEY_PUT: &[u8] = b"\x8c\x17PYTORCH_CUDA_ALLOC_CONF\x94";
 
-/// The `BININT` torch's snapshot holds for `max_split_size`, from the `PYTORCH_CUDA_ALLOC_CONF`
-/// string in the settings pickle `value` (which must be read whole): `max_split_size_mb:N` (the
-/// last such option) is N MiB, which torch accepts above 20; none is `SIZE_MAX`, written as -1.
-/// `None` where the conf cannot be read, or the value does not fit a `BININT`.
-fn max_split_size_binint(value: &[u8]) -> Option<[u8; 5]> {
-    const CONF: &[u8] = b"\x8c\x17PYTORCH_CUDA_ALLOC_CONF\x94";
-    let at = memchr::memmem::find(value, CONF)? + CONF.len();
+/// The `BININT` torch's snapshot holds for `max_split_size`: what `max_split_size_of` makes of
+/// the `PYTORCH_CUDA_ALLOC_CONF` string in the settings pickle `value` (which must be read
+/// whole). `None` where the conf cannot be read or is refused, or the value does not fit a
+/// `BININT`.
+fn max_split_size_binint(value: &[u8], max_split_size_of: &dyn Fn(&str) -> Option<i64>) -> Option<[u8; 5]> {
+    let at = memchr::memmem::find(value, CONF_KEY_PUT)? + CONF_KEY_PUT.len();
     let conf = match value.get(at..)? {
         [0x8c, n, rest @ ..] => std::str::from_utf8(rest.get(..*n as usize)?).ok()?,
         // (The empty string, referred to.)
         [b'h', ..] | [b'j', ..] => "",
         _ => return None,
     };
-    let mb = conf.split(',').filter_map(|kv| kv.split_once(':')).filter(|(k, _)| k.trim() == "max_split_size_mb").last();
-    let v: i64 = match mb {
-        None => -1,
-        Some((_, n)) => {
-            let n: i64 = n.trim().parse().ok()?;
-            if n <= 20 {
-                return None;
-            }
-            n.checked_mul(1 << 20)?
-        }
-    };
-    let v = i32::try_from(v).ok()?;
+    let v = i32::try_from(max_split_size_of(conf)?).ok()?;
     let mut int = [b'J', 0, 0, 0, 0];
     int[1..].copy_from_slice(&v.to_le_bytes());
     Some(int)
@@ -2436,9 +2431,8 @@ fn settings_of_value(mut value: Vec<u8>) -> Option<RecordedSettings> {
     // `PYTORCH_CUDA_ALLOC_CONF` unset is the empty string, which CPython interns: the pickle
     // refers to where it first wrote it, before the tail. Taken for the empty string (what else
     // the reference could be is a string written earlier, which a setting's is not).
-    const CONF: &[u8] = b"\x8c\x17PYTORCH_CUDA_ALLOC_CONF";
-    if let Some(k) = memchr::memmem::find(&value, CONF) {
-        let mut v = k + CONF.len();
+    if let Some(k) = memchr::memmem::find(&value, CONF_KEY) {
+        let mut v = k + CONF_KEY.len();
         if value.get(v) == Some(&0x94) {
             v += 1;
         }
@@ -2536,21 +2530,22 @@ mod tests {
         let (tail, settings) = recorded_tail("crossstream__msplit64__320M.pickle.gz");
         assert_eq!(settings.max_split_size, Some(64 << 20), "the recording this is for");
         let all = vec![true; tail.len()];
-        assert_eq!(settings_in_known_tail(&tail, &all), Some(settings.clone()));
+        let read = |b: &[u8], k: &[bool]| settings_in_known_tail(b, k, &allocsim_model::AllocatorConfig::recorded_max_split_size);
+        assert_eq!(read(&tail, &all), Some(settings.clone()));
         // The dict's opening after the key, copied from before.
         let (b, k) = unknown(&tail, b"allocator_settings\x94}\x94(", 19, 22);
-        assert_eq!(settings_in_known_tail(&b, &k), Some(settings.clone()), "the dict's opening");
+        assert_eq!(read(&b, &k), Some(settings.clone()), "the dict's opening");
         let (b, k) = unknown(&tail, b"roundup_power2_divisions\x94}\x94(", 25, 28);
-        assert_eq!(settings_in_known_tail(&b, &k), Some(settings.clone()), "the inner dict's opening");
+        assert_eq!(read(&b, &k), Some(settings.clone()), "the inner dict's opening");
         // max_split_size's BININT: from the conf string, where the known bytes agree.
         for (from, to) in [(0, 2), (1, 4), (0, 5)] {
             let (b, k) = unknown(&tail, b"max_split_size\x94J\x00\x00\x00\x04", 15 + from, 15 + to);
-            assert_eq!(settings_in_known_tail(&b, &k), Some(settings.clone()), "max_split_size's bytes {from}..{to}");
+            assert_eq!(read(&b, &k), Some(settings.clone()), "max_split_size's bytes {from}..{to}");
         }
         let (mut b, k) = unknown(&tail, b"max_split_size\x94J\x00\x00\x00\x04", 15, 17);
         let at = memchr::memmem::rfind(&b, b"\x00\x00\x04\x8c\x1cgarbage").unwrap();
         b[at + 2] = 0x05;
-        assert_eq!(settings_in_known_tail(&b, &k), None, "known bytes that disagree with the conf");
+        assert_eq!(read(&b, &k), None, "known bytes that disagree with the conf");
         // What cannot be inferred: the conf string itself, another value, the key.
         for (pattern, from, to) in [
             (&b"max_split_size_mb:64"[..], 3, 6),
@@ -2560,7 +2555,7 @@ mod tests {
             (b"max_split_size\x94J\x00\x00\x00\x04", 4, 17),
         ] {
             let (b, k) = unknown(&tail, pattern, from, to);
-            assert_eq!(settings_in_known_tail(&b, &k), None, "{}", String::from_utf8_lossy(pattern));
+            assert_eq!(read(&b, &k), None, "{}", String::from_utf8_lossy(pattern));
         }
     }
 
@@ -2571,15 +2566,17 @@ mod tests {
             v.push(0x8c);
             v.push(conf.len() as u8);
             v.extend_from_slice(conf.as_bytes());
-            max_split_size_binint(&v)
+            max_split_size_binint(&v, &allocsim_model::AllocatorConfig::recorded_max_split_size)
         };
         assert_eq!(value("max_split_size_mb:128"), Some(*b"J\x00\x00\x00\x08"));
         assert_eq!(value("expandable_segments:True, max_split_size_mb: 64"), Some(*b"J\x00\x00\x00\x04"));
         assert_eq!(value("max_split_size_mb:64,max_split_size_mb:512"), Some(*b"J\x00\x00\x00\x20"));
         assert_eq!(value("garbage_collection_threshold:0.6"), Some(*b"J\xff\xff\xff\xff"));
         assert_eq!(value(""), Some(*b"J\xff\xff\xff\xff"));
+        // 2.11 takes 20 (at least `large_segment_size_mb`); below it is refused.
+        assert_eq!(value("max_split_size_mb:20"), Some(*b"J\x00\x00\x40\x01"));
         // Refused by torch, or beyond a BININT: not inferred.
-        assert_eq!(value("max_split_size_mb:20"), None);
+        assert_eq!(value("max_split_size_mb:19"), None);
         assert_eq!(value("max_split_size_mb:4096"), None);
         assert_eq!(value("max_split_size_mb:x"), None);
     }

@@ -8,6 +8,7 @@ mod common;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use allocsim_model::AllocatorConfig;
 use allocsim_trace::pickle_stream::{FirstPass, PickleFile, PickleScan};
 use allocsim_trace::{Action, Snapshot, TraceEntry, TraceError, snapshot};
 use common::{fixture, reference};
@@ -24,7 +25,7 @@ fn is_segment(a: Action) -> bool {
 /// What the stream reads of `file` equals what `from_pickle` gives for `raw` (its bytes).
 fn check(file: &PickleFile, whole: &Snapshot, what: &str) {
     let scan = file.scan().unwrap_or_else(|e| panic!("{what}: scan: {e}"));
-    if let Some(s) = file.tail_settings() {
+    if let Some(s) = file.tail_settings(AllocatorConfig::recorded_max_split_size) {
         assert_eq!(s, whole.settings, "{what}: the settings read from the file's end");
     }
     let PickleScan { settings, devices, segments, segment_entries, entries } = scan.clone();
@@ -196,10 +197,10 @@ fn every_trace_streams_as_the_whole_file_decodes() {
         if !path.starts_with(repo.join("tests/fixtures")) {
             // Written by torch: the settings are found at the end of the plain file; in a gzip'd
             // one, where its last blocks give every byte of them (`check` compares them).
-            assert_eq!(plain.tail_settings(), Some(whole.settings.clone()), "{what}: the settings read from the file's end");
+            assert_eq!(plain.tail_settings(AllocatorConfig::recorded_max_split_size), Some(whole.settings.clone()), "{what}: the settings read from the file's end");
             if path.extension().is_some_and(|e| e == "gz") {
                 gzip_recordings += 1;
-                from_last_blocks += usize::from(file.tail_settings().is_some());
+                from_last_blocks += usize::from(file.tail_settings(AllocatorConfig::recorded_max_split_size).is_some());
             }
         }
         // Written back by allocsim's pickler (stacks shared as lists, protocol 4).
