@@ -35,6 +35,13 @@ pub fn shared(repo: &Path, rel: &str) -> Option<PathBuf> {
     None
 }
 
+/// The count a test expects to check: `with_shared` when the reference data was found, else
+/// `without` (the repository's own files alone, as a bare clone has them). Both are measured
+/// counts, written down where the test uses them.
+pub fn expected(shared_found: bool, with_shared: usize, without: usize) -> usize {
+    if shared_found { with_shared } else { without }
+}
+
 /// Fails unless at least `expected` `what` were found and checked.
 pub fn expect_count(what: &str, found: usize, expected: usize) {
     assert!(found >= expected, "checked {found} {what}, expected at least {expected}: is the reference data complete?");
