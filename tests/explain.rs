@@ -63,11 +63,14 @@ fn frag_oom_is_explained_to_the_byte() {
         .position(|e| e.action == allocsim_trace::Action::Oom);
     assert_eq!(real_es_first_oom, Some(300));
     // Nothing among the settings saves it; only more memory does, and the smallest allowed
-    // maximum that does is exact to the 2 MiB.
+    // maximum under which request 300 and every request before it are served is exact to the
+    // 2 MiB.
     assert!(x.alternatives.iter().all(|a| !a.avoids));
     let smallest = x.smallest_capacity.unwrap();
-    assert!(p.replay(&p.own, Some(smallest), p.recorded_placement()).first_oom().is_none());
-    assert!(p.replay(&p.own, Some(smallest - (2 << 20)), p.recorded_placement()).first_oom().is_some());
+    let first_oom_up_to_300 = |cap: u64| p.replay(&p.own, Some(cap), p.recorded_placement()).ooms.iter().map(|o| o.request).find(|&r| r <= 300);
+    assert_eq!(first_oom_up_to_300(smallest), None);
+    assert!(first_oom_up_to_300(smallest - (2 << 20)).is_some());
+    assert_eq!(x.fix, Some(allocsim_report::explain::Fix::Memory { needed: smallest, had: 2 << 30 }));
 }
 
 #[test]

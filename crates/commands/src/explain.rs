@@ -4,7 +4,7 @@ use std::io::{self, Write};
 
 use allocsim_model::AllocatorConfig;
 use allocsim_model::format::format_size as fs;
-use allocsim_report::explain::{At, CANDIDATES, Explanation, OomCause};
+use allocsim_report::explain::{At, CANDIDATES, Explanation, Fix, OomCause};
 use allocsim_trace::Snapshot;
 use serde_json::Value;
 
@@ -14,9 +14,9 @@ use crate::{Answer, Error, Trace, TraceOptions};
 #[derive(Clone, Debug)]
 pub struct ExplainOptions {
     pub trace: TraceOptions,
-    /// `oom` (the first request that runs out of memory in the replay), a request number N
-    /// (0-based, as in `replay --json`), or `peak`. Default: the first OOM the trace recorded
-    /// (under its own settings), else `oom`.
+    /// `oom` (the OOM that ended the run: `allocsim_report::explain::ending_oom`), `first` (the
+    /// first request that runs out of memory in the replay), a request number N (0-based, as in
+    /// `replay --json`), or `peak`. Default: `oom`.
     pub at: Option<String>,
     /// Settings to replay under (default: the trace's own).
     pub config: Option<String>,
@@ -45,15 +45,11 @@ pub fn explain(t: Trace<'_>, addresses_from: Option<&Snapshot>, a: &ExplainOptio
         None => p.recorded_placement(),
     };
     let own = p.is_own(&config, a.capacity);
-    let first_recorded = p.program.requests.iter().position(|r| r.recorded_oom).map(|i| i as u32);
     let at = match a.at.as_deref() {
-        None => match first_recorded {
-            Some(r) if own => At::Request(r),
-            _ => At::FirstOom,
-        },
-        Some("oom") => At::FirstOom,
+        None | Some("oom") | Some("last") => At::EndingOom,
+        Some("first") => At::FirstOom,
         Some("peak") => At::Peak,
-        Some(n) => At::Request(n.parse().map_err(|_| Error::Usage(format!("--at {n:?}: expected oom, peak or a request number")))?),
+        Some(n) => At::Request(n.parse().map_err(|_| Error::Usage(format!("--at {n:?}: expected oom, first, peak or a request number")))?),
     };
     if let At::Request(n) = at
         && n as usize >= p.program.requests.len()
@@ -63,10 +59,11 @@ pub fn explain(t: Trace<'_>, addresses_from: Option<&Snapshot>, a: &ExplainOptio
     let Some(x) = allocsim_report::explain::explain(&p, &config, a.capacity, &placement, at, CANDIDATES) else {
         return Ok(ExplainAnswer::NoOom { name: t.name.to_owned(), config: config.source.clone(), capacity: a.capacity });
     };
+    let asked = matches!(at, At::Request(_) | At::Peak);
     // Every OOM of the replay, with its cause, to say whether the others share this one's.
     let outcome = if own { p.own_outcome.clone() } else { p.replay_under(&config, &p.limits(a.capacity), placement.clone()) };
     let causes = allocsim_report::explain::oom_causes(&p, &outcome);
-    Ok(ExplainAnswer::Explained(Box::new(Explained { x, config, top: a.top, prepared: p, capacity: a.capacity, causes, own })))
+    Ok(ExplainAnswer::Explained(Box::new(Explained { x, config, top: a.top, prepared: p, capacity: a.capacity, causes, own, asked })))
 }
 
 /// What `explain` found.
@@ -89,6 +86,9 @@ pub struct Explained {
     pub causes: Vec<OomCause>,
     /// Whether the replay is under the trace's own settings and budget.
     pub own: bool,
+    /// The request was asked for (`--at N` or `peak`) rather than found as the OOM that ended
+    /// the run.
+    pub asked: bool,
 }
 
 impl Answer for ExplainAnswer {
@@ -102,8 +102,14 @@ impl Answer for ExplainAnswer {
             ),
             ExplainAnswer::FinalState { name, device, state, top } => write_final_state(out, name, *device, state, *top),
             ExplainAnswer::Explained(e) => {
-                write_explanation(out, &e.x, &e.config, e.top, &Context { prepared: &e.prepared, capacity: e.capacity })?;
-                write_causes(out, &e.x, &e.causes, e.own)
+                let cx = Context { prepared: &e.prepared, capacity: e.capacity };
+                if e.x.message.is_some() {
+                    write_verdict(out, e)?;
+                    write_oom_table(out, &e.x, &e.causes, e.own)?;
+                    writeln!(out)?;
+                    writeln!(out, "Details")?;
+                }
+                write_explanation(out, &e.x, &e.config, e.top, &cx)
             }
         }
     }
@@ -113,6 +119,7 @@ impl Answer for ExplainAnswer {
             ExplainAnswer::FinalState { state, .. } => serde_json::json!({"explanation": null, "reason": "no trace entries", "final_state": state}),
             ExplainAnswer::Explained(e) => {
                 let mut out = serde_json::to_value(&e.x).expect("JSON");
+                out["verdict"] = verdict_lines(e).into();
                 out["budget"] = e.prepared.budget.to_json();
                 out["ooms"] = serde_json::to_value(&e.causes).expect("JSON");
                 out
@@ -164,36 +171,194 @@ pub struct Context<'a> {
     pub capacity: Option<u64>,
 }
 
-/// How many more OOMs there were and whether they share the explained one's cause.
-fn write_causes(out: &mut dyn Write, x: &Explanation, causes: &[OomCause], own: bool) -> io::Result<()> {
-    let Some(this) = causes.iter().find(|c| c.request == x.request) else { return Ok(()) };
-    let recorded: Vec<&OomCause> = causes.iter().filter(|c| c.recorded_oom).collect();
-    let others: Vec<&OomCause> = causes.iter().filter(|c| c.request != x.request).collect();
-    writeln!(out)?;
-    if own && !recorded.is_empty() {
-        writeln!(
-            out,
-            "The trace recorded {} OOM{}; {}. Its cause: {}.",
-            recorded.len(),
-            if recorded.len() == 1 { "" } else { "s" },
-            if recorded.first().is_some_and(|c| c.request == x.request) { "this is the first".to_string() } else { format!("this is request {}", x.request) },
-            this.describe()
-        )?;
+/// The explained OOM in at most six lines: which request failed (size, call site, where in the
+/// run), which OOM of the trace it is, why in one sentence, the one change that avoids it (checked
+/// by replaying), and PyTorch's message.
+pub fn verdict_lines(e: &Explained) -> Vec<String> {
+    let (x, p) = (&e.x, &e.prepared);
+    let mut lines = Vec::new();
+    let site = x.call_site.as_deref().map_or_else(|| "(no stack recorded)".to_string(), |s| format!("from {s}"));
+    let whereabouts = x.phase.as_ref().map(phase_words).unwrap_or_default();
+    lines.push(format!("Out of memory at request {}: {} {site}{whereabouts}.", x.request, fs(x.orig_size)));
+    let recorded: Vec<&OomCause> = e.causes.iter().filter(|c| c.recorded_oom).collect();
+    let this = e.causes.iter().find(|c| c.request == x.request);
+    let survived = recorded.iter().filter(|c| c.survived && c.request != x.request).count();
+    let went_on = this.is_some_and(|c| c.survived);
+    let which = if e.asked {
+        format!("Request {} as asked{}.", x.request, if x.recorded_oom { "; the trace recorded it as an OOM" } else { "" })
+    } else if e.own && x.recorded_oom {
+        let n = recorded.len();
+        match (n, went_on) {
+            (1, false) => "The only OOM the trace recorded; the run ended there.".to_string(),
+            (1, true) => "The only OOM the trace recorded; requests follow it: the job went on after it.".to_string(),
+            (_, false) => format!(
+                "The last of {n} OOMs the trace recorded, the one that ended the run; the job went on after {} before it (as code that catches an OOM and retries smaller, or cuDNN trying a smaller workspace, does).",
+                if survived == n - 1 { "every one".to_string() } else { format!("{survived}") }
+            ),
+            (_, true) => format!("The last of {n} OOMs the trace recorded; requests follow each of them: the job went on after every one."),
+        }
+    } else if x.recorded_oom {
+        format!("The trace recorded this request as an OOM too; {} replay runs out of memory {} time{}.", replay_words(e), e.causes.len(), plural(e.causes.len()))
     } else {
-        writeln!(out, "The replay runs out of memory {} time{}; this one's cause: {}.", causes.len(), if causes.len() == 1 { "" } else { "s" }, this.describe())?;
+        format!("The recorded run served this request: under {} the job would have ended here.", replay_words(e))
+    };
+    lines.push(which);
+    if let Some(c) = &x.cause {
+        lines.push(format!("Cause: {}", cause_sentence(c, x, p)));
     }
-    let (same, differ): (Vec<&OomCause>, Vec<&OomCause>) = others.iter().partition(|c| c.same_cause(this));
-    if !same.is_empty() {
-        let shown: Vec<String> = same.iter().take(8).map(|c| c.request.to_string()).collect();
-        let more = if same.len() > 8 { format!(", … ({} in all)", same.len()) } else { String::new() };
-        let (s, verb) = if same.len() == 1 { ("", "shares") } else { ("s", "share") };
-        writeln!(out, "  {} other{s} {verb} it: requests {}{more}", same.len(), shown.join(", "))?;
+    if let Some(f) = &x.fix {
+        lines.push(fix_sentence(f, x, e.capacity));
     }
-    for c in differ.iter().take(8) {
-        writeln!(out, "  request {} ({}) differs: {}", c.request, fs(c.size), c.describe())?;
+    if let Some(m) = &x.message {
+        // A message under an allowed maximum inferred as an interval shows the value replayed,
+        // which the real message may not have had.
+        match (e.capacity, p.budget.allowed_low, p.budget.allowed_high) {
+            (None, Some(lo), Some(hi)) if p.budget.allowed_is_interval() && m.contains(" allowed; ") => {
+                lines.push(format!("PyTorch's message (its allowed maximum is inferred, between {} and {}: the value replayed is shown): {m}", fs(lo), fs(hi)))
+            }
+            _ => lines.push(format!("PyTorch's message: {m}")),
+        }
     }
-    if differ.len() > 8 {
-        writeln!(out, "  ... and {} more that differ", differ.len() - 8)?;
+    lines
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// "the replay under X" for the settings and budget explained.
+fn replay_words(e: &Explained) -> String {
+    let conf = if e.config.source.is_empty() { "the default settings".to_string() } else { e.config.source.clone() };
+    match e.capacity {
+        Some(c) => format!("the replay under {conf} with {} allowed,", fs(c)),
+        None => format!("the replay under {conf}"),
+    }
+}
+
+/// ", in iteration i of n (how known), inside a › b" where the trace shows them.
+fn phase_words(ph: &allocsim_phases::PhaseAt) -> String {
+    use allocsim_phases::Source;
+    let regions = if ph.regions.is_empty() { String::new() } else { format!(", inside {}", ph.regions.join(" › ")) };
+    let iteration = match (&ph.source, ph.iteration) {
+        (Source::Annotation { .. } | Source::Pattern { .. }, Some(i)) if ph.complete => format!(", in iteration {i} of {}", ph.iterations),
+        (Source::Annotation { .. } | Source::Pattern { .. }, Some(_)) => format!(", after the last of {} iterations", ph.iterations),
+        _ => String::new(),
+    };
+    format!("{iteration}{regions}")
+}
+
+/// Why the OOM happened, in one sentence: fragmentation, a larger need than the allowed maximum,
+/// or memory held outside the allocator.
+fn cause_sentence(c: &OomCause, x: &Explanation, p: &allocsim_replay::Prepared) -> String {
+    let pool = if x.small { "small" } else { "large" };
+    if c.fragmentation {
+        return format!(
+            "fragmentation. {} was reserved but unallocated, yet no free block of {} fit on stream {} in the {pool} pool (the largest there was {}), and the free memory could not be released: live blocks pin it. The live tensors ({}) and this request fit in the {} the allocator could hold.",
+            fs(c.reserved.saturating_sub(c.allocated)),
+            fs(x.rounded_size),
+            x.stream,
+            fs(x.usable_largest_block),
+            fs(c.live),
+            fs(c.room)
+        );
+    }
+    if c.limit == "device_full" {
+        let total_known = p.budget.device_memory.source != allocsim_replay::budget::DeviceMemorySource::Default;
+        let outside = if total_known {
+            format!(" and {} of the device's {} was in use outside PyTorch's allocator (other processes, the CUDA context, libraries)", fs(p.device_memory.saturating_sub(c.room)), fs(p.device_memory))
+        } else {
+            " and the rest was in use outside PyTorch's allocator (other processes, the CUDA context, libraries)".to_string()
+        };
+        return format!(
+            "the device was full. It had {} free{outside}; the allocator could hold {} ({} reserved + {} free), less than the live tensors ({}) and this request ({}) need.",
+            fs(c.device_free),
+            fs(c.room),
+            fs(c.reserved),
+            fs(c.device_free),
+            fs(c.live),
+            fs(x.alloc_size)
+        );
+    }
+    format!(
+        "the job needs more than its allowed maximum. The live tensors ({}) and this request ({}) come to more than the {} allowed (set_per_process_memory_fraction), however the free memory lay.",
+        fs(c.live),
+        fs(x.rounded_size),
+        fs(c.allowed.unwrap_or(c.room))
+    )
+}
+
+/// The one change that avoids the OOM, checked by replaying.
+fn fix_sentence(f: &Fix, x: &Explanation, capacity: Option<u64>) -> String {
+    let served = "this request and every one before it that the recorded run served are served";
+    match f {
+        Fix::Setting { conf, peak_reserved, depends_on_allowed_maximum } => {
+            format!(
+                "Fix (checked by replaying the same requests): PYTORCH_CUDA_ALLOC_CONF={conf} — {served}; peak reserved {}{}.",
+                fs(*peak_reserved),
+                if *depends_on_allowed_maximum { " (for part of the inferred interval of the allowed maximum only)" } else { "" }
+            )
+        }
+        Fix::Memory { needed, had } => {
+            let more = fs(needed.saturating_sub(*had));
+            let device_full = x.cause.as_ref().is_some_and(|c| c.limit == "device_full") && capacity.is_none();
+            let how = if device_full {
+                format!("{} for the allocator ({more} more than it could hold: free that much on the device, or run on a larger one — `allocsim fit --cards`)", fs(*needed))
+            } else {
+                format!("an allowed maximum of {} ({more} more than {})", fs(*needed), fs(*had))
+            };
+            format!("Fix (checked by replaying the same requests): no setting tried helps; {how} — {served}.")
+        }
+        Fix::Nothing => "Fix: none found. No setting tried helps, and no allowed maximum up to the device's memory serves the run.".to_string(),
+    }
+}
+
+/// The explained OOM's verdict, then a blank line.
+fn write_verdict(out: &mut dyn Write, e: &Explained) -> io::Result<()> {
+    for l in verdict_lines(e) {
+        writeln!(out, "{l}")?;
+    }
+    Ok(())
+}
+
+/// Every OOM of the replay in a short table, repeats (the same size, call site, cause and fate)
+/// grouped, those the job survived marked.
+fn write_oom_table(out: &mut dyn Write, x: &Explanation, causes: &[OomCause], own: bool) -> io::Result<()> {
+    if causes.len() < 2 {
+        return Ok(());
+    }
+    type Key<'a> = (u64, Option<&'a str>, &'static str, bool, bool);
+    let mut groups: Vec<(Key<'_>, Vec<u32>)> = Vec::new();
+    for c in causes {
+        let key: Key<'_> = (c.size, c.call_site.as_deref(), c.limit, c.fragmentation, c.survived);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(c.request),
+            None => groups.push((key, vec![c.request])),
+        }
+    }
+    let survived = causes.iter().filter(|c| c.survived).count();
+    writeln!(out)?;
+    if own {
+        writeln!(out, "The {} OOMs the trace recorded (the job went on after {survived}):", causes.len())?;
+    } else {
+        writeln!(out, "The replay's {} OOMs:", causes.len())?;
+    }
+    for ((size, site, limit, frag, went_on), reqs) in &groups {
+        let shown: Vec<String> = reqs.iter().take(4).map(|r| r.to_string()).collect();
+        let more = if reqs.len() > 4 { format!(" … ({} in all)", reqs.len()) } else { String::new() };
+        let label = format!("request{} {}{more}", plural(reqs.len()), shown.join(", "));
+        let cause = match (*limit, *frag) {
+            (_, true) => "fragmentation",
+            ("device_full", false) => "device full",
+            _ => "over the maximum",
+        };
+        let fate = if reqs.contains(&x.request) {
+            "explained above"
+        } else if *went_on {
+            "survived"
+        } else {
+            "ended the run"
+        };
+        writeln!(out, "  {label:<30} {:>11}  {cause:<16} {fate:<15} {}", fs(*size), site.map_or("(no stack)".to_string(), |s| format!("from {s}")))?;
     }
     Ok(())
 }
@@ -251,8 +416,8 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
     }
     match &x.message {
         Some(m) => {
-            writeln!(out, "  → out of memory. PyTorch says (without NVML's per-process sentence, which a trace cannot show):")?;
-            writeln!(out, "    {m}")?;
+            let _ = m;
+            writeln!(out, "  → out of memory (PyTorch's message is above, without NVML's per-process sentence, which a trace cannot show)")?;
             if capacity.is_none() {
                 for line in crate::budget_lines(&p.budget) {
                     writeln!(out, "    budget: {line}")?;
@@ -360,7 +525,7 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
         let limits = p.limits(capacity);
         writeln!(
             out,
-            "What would have worked (the same requests{}):",
+            "Other settings, on the same requests{}:",
             match (capacity, limits.capacity, limits.outside.is_empty()) {
                 (Some(c), _, _) => format!(", {} allowed", fs(c)),
                 (None, Some(c), _) if p.budget.allowed_is_interval() => format!(
@@ -374,31 +539,47 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
                 (None, None, true) => String::new(),
             }
         )?;
+        // Settings with the same outcome share a row.
+        let mut rows: Vec<(String, Vec<&str>)> = Vec::new();
         for alt in &x.alternatives {
             let verdict = match (&alt.rejected, alt.first_oom) {
                 (Some(e), _) => format!("rejected by PyTorch: {e}"),
                 (None, None) => format!("no OOM at all; peak reserved {}", fs(alt.peak_reserved)),
-                (None, Some(o)) if alt.avoids => format!("gets past request {}, but runs out of memory at request {o}", x.request),
-                (None, Some(o)) if o == x.request => "runs out of memory at the same request".to_string(),
-                (None, Some(o)) => format!("runs out of memory earlier, at request {o}"),
+                (None, Some(_)) if alt.fixes => format!("serves this request and every one before it that the run served; peak reserved {}", fs(alt.peak_reserved)),
+                (None, Some(_)) if alt.avoids => {
+                    format!("gets past this request, but runs out of memory at request {}, which the run served", alt.new_oom.unwrap_or(alt.first_oom.unwrap_or(x.request)))
+                }
+                (None, Some(o)) => match alt.new_oom {
+                    Some(n) if n < x.request => format!("runs out of memory at this request too, and first at request {n}, which the run served"),
+                    _ if o == x.request => "runs out of memory at the same request".to_string(),
+                    _ => "runs out of memory at this request too".to_string(),
+                },
             };
             let depends = if alt.depends_on_allowed_maximum { " (depends on where in the inferred interval the allowed maximum lies)" } else { "" };
-            writeln!(out, "  {:<48} {verdict}{depends}", alt.conf)?;
+            let verdict = format!("{verdict}{depends}");
+            match rows.iter_mut().find(|(v, _)| *v == verdict) {
+                Some((_, confs)) => confs.push(&alt.conf),
+                None => rows.push((verdict, vec![&alt.conf])),
+            }
         }
-        let saved: Vec<&str> = x.alternatives.iter().filter(|a| a.rejected.is_none() && a.first_oom.is_none()).map(|a| a.conf.as_str()).collect();
-        let past: Vec<&str> = x.alternatives.iter().filter(|a| a.avoids && a.first_oom.is_some()).map(|a| a.conf.as_str()).collect();
+        for (verdict, confs) in &rows {
+            writeln!(out, "  {}", confs.join("; "))?;
+            writeln!(out, "      {verdict}")?;
+        }
+        for n in &x.not_tried {
+            writeln!(out, "  not tried: {n}")?;
+        }
+        let saved: Vec<&str> = x.alternatives.iter().filter(|a| a.fixes).map(|a| a.conf.as_str()).collect();
+        let past: Vec<&str> = x.alternatives.iter().filter(|a| a.avoids && !a.fixes).map(|a| a.conf.as_str()).collect();
         if !saved.is_empty() {
-            writeln!(out, "  → runs without any OOM under: {}", saved.join("; "))?;
+            writeln!(out, "  → this request and every one before it that the run served are served under: {}", saved.join("; "))?;
         } else if !past.is_empty() {
-            writeln!(out, "  → none of these runs the whole trace without OOM; these get past this request: {}", past.join("; "))?;
+            writeln!(out, "  → these get past this request, but a request before it that the run served runs out of memory: {}", past.join("; "))?;
         } else {
             writeln!(out, "  → none of these settings avoids this OOM; only more memory does:")?;
         }
         if let Some(c) = x.smallest_capacity {
-            writeln!(out, "  {:<48} the smallest allowed maximum that runs the whole trace under these settings", fs(c))?;
-        }
-        if limits.capacity.is_none() {
-            writeln!(out, "  note: garbage_collection_threshold has no effect without a memory fraction")?;
+            writeln!(out, "  {}: the smallest allowed maximum (to 2 MiB) under which, with these settings, this request and every one before it that the run served are served", fs(c))?;
         }
     }
     Ok(())

@@ -10,7 +10,7 @@ use allocsim_model::{AllocatorConfig, Device, Placement, SimDevice};
 use allocsim_phases::{Layout, PhaseAt};
 use allocsim_replay::{EmptyCacheCalls, Op, Prepared, Program, replay};
 use allocsim_trace::Frame;
-use allocsim_whatif::fit::fit;
+use allocsim_whatif::fit::fit_where;
 use rayon::prelude::*;
 
 use crate::frag::{FreeBreakdown, breakdown};
@@ -20,6 +20,8 @@ use crate::frag::{FreeBreakdown, breakdown};
 pub enum At {
     /// The first request that runs out of memory.
     FirstOom,
+    /// The OOM that ended the run ([`ending_oom`]).
+    EndingOom,
     /// Request N (0-based, as in `replay --json`), explained as the allocator served it.
     Request(u32),
     /// Just after the request at which reserved memory peaked.
@@ -94,8 +96,13 @@ pub struct Alternative {
     pub capacity: Option<u64>,
     pub first_oom: Option<u32>,
     pub peak_reserved: u64,
-    /// Runs past the explained request without running out of memory there.
+    /// The explained request does not run out of memory.
     pub avoids: bool,
+    /// The first request that runs out of memory although the recorded run served it (the job
+    /// never saw an OOM there, so it would have ended there).
+    pub new_oom: Option<u32>,
+    /// A fix: the explained request and every request the recorded run served are served.
+    pub fixes: bool,
     pub rejected: Option<String>,
     /// The allowed maximum is an inferred interval and this outcome (first OOM) differs between
     /// its ends: the answer depends on where in it the real maximum lies.
@@ -137,9 +144,57 @@ pub struct Explanation {
     /// from being released (a segment's free bytes shared evenly among its live blocks).
     pub pinning_sites: Vec<PinningSite>,
     pub alternatives: Vec<Alternative>,
-    /// The smallest allowed maximum (2 MiB steps) at which the whole trace runs without OOM
-    /// under the explained settings.
+    /// The smallest allowed maximum (2 MiB steps) under which, with the explained settings, the
+    /// explained request and every request the recorded run served are served (OOMs the job
+    /// caught and went on after may stay OOMs): what the allocator needed.
     pub smallest_capacity: Option<u64>,
+    /// Why it ran out of memory (`None` when it did not).
+    pub cause: Option<OomCause>,
+    /// The change that avoids it, checked by replaying (`None` when it did not run out of memory).
+    pub fix: Option<Fix>,
+    /// Candidate settings not tried, and why (the explained settings already have them, or they
+    /// provably change nothing here).
+    pub not_tried: Vec<String>,
+}
+
+/// The one change that avoids an OOM, checked by replaying the same requests.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Fix {
+    /// A setting under which the request and every request before it that the recorded run
+    /// served are served (the one with the lowest peak reserved of those tried); `conf` is the
+    /// whole `PYTORCH_CUDA_ALLOC_CONF`, the explained settings with the change.
+    Setting { conf: String, peak_reserved: u64, depends_on_allowed_maximum: bool },
+    /// More memory: the smallest allowed maximum (to 2 MiB) under which the request and every
+    /// request before it that the recorded run served are served, against what the allocator could hold at the
+    /// OOM (`had`: the allowed maximum, or its reserved bytes plus the device's free ones).
+    Memory { needed: u64, had: u64 },
+    /// No setting tried helps, and no allowed maximum up to the device's memory does.
+    Nothing,
+}
+
+/// The OOM that ended the run, of the OOMs of `outcome` (a replay of `prepared`). A job cannot
+/// have survived an OOM at a request its recorded run served (it never handled one there), so
+/// that is the first OOM at such a request; else the last OOM. Under the trace's own settings and
+/// budget that is the last OOM the trace recorded: those before it were caught and the job went
+/// on (cuDNN retrying with a smaller workspace, a loop that catches the OOM and retries smaller).
+pub fn ending_oom(prepared: &Prepared, outcome: &allocsim_replay::ReplayOutcome) -> Option<u32> {
+    let recorded = |r: u32| prepared.program.requests.get(r as usize).is_some_and(|q| q.recorded_oom);
+    outcome.ooms.iter().map(|o| o.request).find(|&r| !recorded(r)).or_else(|| outcome.ooms.last().map(|o| o.request))
+}
+
+/// Whether a replay serves request `req` and every request before it that the recorded run of
+/// `prepared` served: up to `req`, its OOMs are all at requests the trace recorded as OOMs (the job
+/// caught those and went on). What follows `req` is not asked: after the OOM that ended it, the
+/// run under another setting would have gone on its own way. (A request the trace recorded as an
+/// OOM that a replay serves stays allocated, since the trace does not say when the job would have
+/// freed it: the answer errs on the side of needing more.)
+pub fn serves_the_run(prepared: &Prepared, req: u32, outcome: &allocsim_replay::ReplayOutcome) -> bool {
+    outcome
+        .ooms
+        .iter()
+        .take_while(|o| o.request <= req)
+        .all(|o| o.request != req && prepared.program.requests.get(o.request as usize).is_some_and(|q| q.recorded_oom))
 }
 
 /// The settings tried by default as alternatives (on top of the explained settings).
@@ -261,6 +316,7 @@ pub fn explain(
     let full = prepared.replay_under(config, &limits, placement.clone());
     let (req, include) = match at {
         At::FirstOom => (full.first_oom()?, false),
+        At::EndingOom => (ending_oom(prepared, &full)?, false),
         At::Request(n) => (n, false),
         // The request whose events reached the peak.
         At::Peak => (prepared.peak_request(&full, config, &limits, placement.clone()).unwrap_or(0), true),
@@ -343,46 +399,68 @@ pub fn explain(
     let step_lines = describe_steps(&steps, usable_largest_block);
     // What would have worked: the same requests under other settings (and, where the allowed
     // maximum is an inferred interval, at its two ends too).
-    let base = config.source.clone();
     let ends = match (capacity, prepared.budget.allowed_low, prepared.budget.allowed_high) {
         (None, Some(lo), Some(hi)) if prepared.budget.allowed_is_interval() => Some((lo, hi)),
         _ => None,
     };
-    let mut alternatives: Vec<Alternative> = candidates
+    let (tried, not_tried) = candidates_to_try(config, candidates, limits.capacity.is_some());
+    let recorded = |r: u32| prepared.program.requests.get(r as usize).is_some_and(|q| q.recorded_oom);
+    let mut alternatives: Vec<Alternative> = tried
         .par_iter()
-        .map(|c| {
-            let conf = if base.is_empty() { c.to_string() } else { format!("{base},{c}") };
-            match AllocatorConfig::parse(&conf) {
-                Err(e) => Alternative {
+        .map(|(c, parsed)| match parsed {
+            Err(e) => Alternative {
+                conf: c.to_string(),
+                capacity: limits.capacity,
+                first_oom: None,
+                peak_reserved: 0,
+                avoids: false,
+                new_oom: None,
+                fixes: false,
+                rejected: Some(e.to_string()),
+                depends_on_allowed_maximum: false,
+            },
+            Ok(cfg) => {
+                let o = prepared.replay_under(cfg, &limits, placement.clone());
+                let fixes = serves_the_run(prepared, req, &o);
+                let depends = ends.is_some_and(|(lo, hi)| {
+                    [lo, hi].iter().any(|&c| {
+                        let at = prepared.replay_under(cfg, &prepared.limits_at(c), placement.clone());
+                        at.first_oom() != o.first_oom() || serves_the_run(prepared, req, &at) != fixes
+                    })
+                });
+                Alternative {
                     conf: c.to_string(),
                     capacity: limits.capacity,
-                    first_oom: None,
-                    peak_reserved: 0,
-                    avoids: false,
-                    rejected: Some(e.to_string()),
-                    depends_on_allowed_maximum: false,
-                },
-                Ok(cfg) => {
-                    let o = prepared.replay_under(&cfg, &limits, placement.clone());
-                    let depends = ends.is_some_and(|(lo, hi)| {
-                        [lo, hi].iter().any(|&c| prepared.replay_under(&cfg, &prepared.limits_at(c), placement.clone()).first_oom() != o.first_oom())
-                    });
-                    Alternative {
-                        conf: c.to_string(),
-                        capacity: limits.capacity,
-                        first_oom: o.first_oom(),
-                        peak_reserved: o.peak_reserved,
-                        avoids: o.first_oom().is_none_or(|f| f > req),
-                        rejected: None,
-                        depends_on_allowed_maximum: depends,
-                    }
+                    first_oom: o.first_oom(),
+                    peak_reserved: o.peak_reserved,
+                    avoids: !o.ooms.iter().any(|x| x.request == req),
+                    new_oom: o.ooms.iter().map(|x| x.request).find(|&r| !recorded(r)),
+                    fixes,
+                    rejected: None,
+                    depends_on_allowed_maximum: depends,
                 }
             }
         })
         .collect();
-    // Best first: accepted, gets past this request, runs longest without OOM, lowest peak.
-    alternatives.sort_by_key(|a| (a.rejected.is_some(), !a.avoids, std::cmp::Reverse(a.first_oom.unwrap_or(u32::MAX)), a.peak_reserved));
-    let smallest_capacity = if oom.is_some() { fit(prepared, config, placement).capacity } else { None };
+    // Best first: accepted, a fix, gets past this request, runs longest without OOM, lowest peak.
+    alternatives.sort_by_key(|a| (a.rejected.is_some(), !a.fixes, !a.avoids, std::cmp::Reverse(a.first_oom.unwrap_or(u32::MAX)), a.peak_reserved));
+    let smallest_capacity = if oom.is_some() { fit_where(prepared, config, placement, |o| serves_the_run(prepared, req, o)).capacity } else { None };
+    let cause = oom.as_ref().map(|o| OomCause::of(prepared, req, o));
+    let fix = cause.as_ref().map(|c| {
+        let best = alternatives
+            .iter()
+            .filter(|a| a.fixes)
+            .min_by_key(|a| (a.depends_on_allowed_maximum, a.peak_reserved));
+        match (best, smallest_capacity) {
+            (Some(a), _) => Fix::Setting {
+                conf: if config.source.is_empty() { a.conf.clone() } else { format!("{},{}", config.source, a.conf) },
+                peak_reserved: a.peak_reserved,
+                depends_on_allowed_maximum: a.depends_on_allowed_maximum,
+            },
+            (None, Some(needed)) => Fix::Memory { needed, had: c.room },
+            (None, None) => Fix::Nothing,
+        }
+    });
     Some(Explanation {
         request: req,
         orig_size: r.size,
@@ -405,7 +483,40 @@ pub fn explain(
         pinning_sites,
         alternatives,
         smallest_capacity,
+        cause,
+        fix,
+        not_tried,
     })
+}
+
+/// The candidate settings worth replaying on top of `config`, parsed, and those left out with the
+/// reason: one whose settings `config` already has (`expandable_segments:True` on a job that
+/// used it), one that parses to settings already listed, and `garbage_collection_threshold`
+/// without an allowed maximum (PyTorch runs `garbage_collect_cached_blocks` only when
+/// `set_per_process_memory_fraction` was called: it cannot change anything then).
+pub fn candidates_to_try(config: &AllocatorConfig, candidates: &[&str], has_fraction: bool) -> (Vec<(String, Result<AllocatorConfig, String>)>, Vec<String>) {
+    let base = config.source.clone();
+    let (mut tried, mut not_tried): (Vec<(String, Result<AllocatorConfig, String>)>, Vec<String>) = (Vec::new(), Vec::new());
+    for c in candidates {
+        let conf = if base.is_empty() { c.to_string() } else { format!("{base},{c}") };
+        let parsed = AllocatorConfig::parse(&conf).map_err(|e| e.to_string());
+        if let Ok(cfg) = &parsed {
+            if allocsim_replay::run::same_settings(cfg, config) {
+                not_tried.push(format!("{c}: already in effect"));
+                continue;
+            }
+            if !has_fraction && cfg.garbage_collection_threshold > 0.0 && cfg.garbage_collection_threshold != config.garbage_collection_threshold {
+                not_tried.push(format!("{c}: acts only under a memory fraction (set_per_process_memory_fraction), which this run did not have"));
+                continue;
+            }
+            if let Some((same, _)) = tried.iter().find(|(_, t)| t.as_ref().is_ok_and(|t| allocsim_replay::run::same_settings(t, cfg))) {
+                not_tried.push(format!("{c}: the same settings as {same} here"));
+                continue;
+            }
+        }
+        tried.push((c.to_string(), parsed));
+    }
+    (tried, not_tried)
 }
 
 use allocsim_model::format::format_size as fs;
@@ -416,6 +527,8 @@ pub struct OomCause {
     pub request: u32,
     /// The request was recorded as an OOM in the trace.
     pub recorded_oom: bool,
+    /// The job went on after it: it is an OOM the trace recorded and later requests follow it.
+    pub survived: bool,
     /// `"allowed_maximum"` (the fraction check refused) or `"device_full"` (the device had no room).
     pub limit: &'static str,
     /// The live tensors and the request fit in what the allocator could hold (the allowed
@@ -425,9 +538,46 @@ pub struct OomCause {
     pub fragmentation: bool,
     pub size: u64,
     pub call_site: Option<String>,
+    /// Bytes of live tensors (allocated, in the default and private pools) at the OOM.
+    pub live: u64,
+    /// Reserved and allocated bytes at the OOM.
+    pub reserved: u64,
+    pub allocated: u64,
+    /// What the device had free at the OOM.
+    pub device_free: u64,
+    /// The allowed maximum (`set_per_process_memory_fraction`), if any.
+    pub allowed: Option<u64>,
+    /// What the allocator could have held: the allowed maximum, or its reserved bytes plus what
+    /// the device still had free, whichever is less.
+    pub room: u64,
 }
 
 impl OomCause {
+    /// The cause of the OOM of request `request` (with its out-of-memory information `i`).
+    pub fn of(prepared: &Prepared, request: u32, i: &OutOfMemory) -> OomCause {
+        let over_allowed = i.allowed_memory_maximum.is_some_and(|a| i.reserved_bytes + i.alloc_size > a);
+        // Fragmentation: the live tensors and this request fit in what the allocator could
+        // hold, only the free memory was not in a block it could use.
+        let room = (i.reserved_bytes + i.device_free).min(i.allowed_memory_maximum.unwrap_or(u64::MAX));
+        let live = i.allocated_bytes + i.allocated_in_private_pools;
+        let recorded_oom = prepared.program.requests.get(request as usize).is_some_and(|r| r.recorded_oom);
+        OomCause {
+            request,
+            recorded_oom,
+            survived: recorded_oom && (request as usize) + 1 < prepared.program.requests.len(),
+            limit: if over_allowed || i.device_free >= i.alloc_size { "allowed_maximum" } else { "device_full" },
+            fragmentation: live + i.rounded_size <= room,
+            size: i.rounded_size,
+            call_site: prepared.call_site(request),
+            live,
+            reserved: i.reserved_bytes,
+            allocated: i.allocated_bytes,
+            device_free: i.device_free,
+            allowed: i.allowed_memory_maximum,
+            room,
+        }
+    }
+
     /// The cause in words (without the request).
     pub fn describe(&self) -> String {
         let limit = if self.limit == "device_full" { "the device was full" } else { "over the allowed maximum" };
@@ -445,27 +595,7 @@ impl OomCause {
 
 /// The cause of every OOM of `outcome`, a replay of `prepared`.
 pub fn oom_causes(prepared: &Prepared, outcome: &allocsim_replay::ReplayOutcome) -> Vec<OomCause> {
-    outcome
-        .ooms
-        .iter()
-        .map(|o| {
-            let i = &o.info;
-            let over_allowed = i.allowed_memory_maximum.is_some_and(|a| i.reserved_bytes + i.alloc_size > a);
-            // What the allocator could have held: the allowed maximum, or what it had reserved plus
-            // what the device still had free, whichever is less. Fragmentation: the live tensors
-            // and this request fit in it, only the free memory was not in a block it could use.
-            let room = (i.reserved_bytes + i.device_free).min(i.allowed_memory_maximum.unwrap_or(u64::MAX));
-            let live = i.allocated_bytes + i.allocated_in_private_pools;
-            OomCause {
-                request: o.request,
-                recorded_oom: prepared.program.requests.get(o.request as usize).is_some_and(|r| r.recorded_oom),
-                limit: if over_allowed || i.device_free >= i.alloc_size { "allowed_maximum" } else { "device_full" },
-                fragmentation: live + i.rounded_size <= room,
-                size: i.rounded_size,
-                call_site: prepared.call_site(o.request),
-            }
-        })
-        .collect()
+    outcome.ooms.iter().map(|o| OomCause::of(prepared, o.request, &o.info)).collect()
 }
 
 /// The allocator's steps in words.

@@ -33,17 +33,25 @@ pub struct Fit {
     pub replays: usize,
 }
 
-/// Finds the smallest fitting capacity for `config` under `placement`.
+/// Finds the smallest fitting capacity for `config` under `placement`: the whole trace without
+/// any OOM.
 pub fn fit(prepared: &Prepared, config: &AllocatorConfig, placement: &Placement) -> Fit {
+    fit_where(prepared, config, placement, |o| o.first_oom().is_none())
+}
+
+/// [`fit`] with another meaning of "fits": the smallest capacity whose replay `fits` accepts
+/// (`explain` asks for the request it explains and every request the recorded run served, since
+/// OOMs the job caught and survived are part of what it did).
+pub fn fit_where(prepared: &Prepared, config: &AllocatorConfig, placement: &Placement, accept: impl Fn(&allocsim_replay::ReplayOutcome) -> bool + Sync) -> Fit {
     let mut replays = 0usize;
     let uncapped = prepared.replay(config, None, placement.clone());
     replays += 1;
     let peak_allocated = uncapped.stats.allocated_bytes.all().peak as u64;
     let uncapped_peak = uncapped.peak_reserved;
-    if uncapped.first_oom().is_some() {
+    if !accept(&uncapped) {
         return Fit { capacity: None, uncapped_peak_reserved: uncapped_peak, peak_allocated, checked_below: 0, non_monotone: false, replays };
     }
-    let fits = |steps: u64| prepared.replay(config, Some(steps * STEP), placement.clone()).first_oom().is_none();
+    let fits = |steps: u64| accept(&prepared.replay(config, Some(steps * STEP), placement.clone()));
     // The uncapped peak usually fits, but not always: the fraction check adds a request's whole
     // segment size (alloc_size) even where expandable segments would map less. Grow until it fits.
     // Invariant afterwards: fits(hi), !fits(lo) (capacity 0 never fits a trace with a request).
