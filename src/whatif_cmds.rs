@@ -65,13 +65,29 @@ pub struct SweepArgs {
     /// Segment placements per config (expandable-segment configs need one).
     #[arg(long, default_value_t = 4)]
     pub placements: usize,
+    /// Print one JSON object (every config, every placement) instead of the table.
     #[arg(long, conflicts_with = "csv")]
     pub json: bool,
+    /// Print one CSV row per config instead of the table.
     #[arg(long)]
     pub csv: bool,
-    /// How many rows to print (text output).
+    /// How many rows to print (text output; configs with the same outcome share a row).
     #[arg(long, default_value_t = 15)]
     pub top: usize,
+    /// Let the table be as wide as its contents (default: the terminal's width from `COLUMNS`,
+    /// else 100 columns).
+    #[arg(long)]
+    pub wide: bool,
+}
+
+/// The widest a table may be: none with `--wide`, else `COLUMNS` (a terminal's width, at least
+/// 60), else `allocsim_commands::sweep::DEFAULT_WIDTH`.
+pub fn table_width(wide: bool) -> Option<u16> {
+    if wide {
+        return None;
+    }
+    let columns = std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse::<u16>().ok()).map(|c| c.max(60));
+    Some(columns.unwrap_or(allocsim_commands::sweep::DEFAULT_WIDTH))
 }
 
 fn progress_bar(n: usize, quiet: bool) -> indicatif::ProgressBar {
@@ -87,7 +103,15 @@ fn progress_bar(n: usize, quiet: bool) -> indicatif::ProgressBar {
 
 pub fn cmd_sweep(a: &SweepArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (snap, name) = a.trace.load()?;
-    let options = SweepOptions { trace: a.trace.options(), capacity: a.capacity, grid: a.grid.clone(), base: a.base.clone(), placements: a.placements, top: a.top };
+    let options = SweepOptions {
+        trace: a.trace.options(),
+        capacity: a.capacity,
+        grid: a.grid.clone(),
+        base: a.base.clone(),
+        placements: a.placements,
+        top: a.top,
+        width: table_width(a.wide),
+    };
     let points = allocsim_commands::sweep::grid_points(&options)?;
     let pb = progress_bar(allocsim_commands::sweep::replays(&options, &points), a.json || a.csv);
     let answer = allocsim_commands::sweep::sweep(Trace { name: &name, snapshot: &snap }, &options, &|| pb.inc(1));

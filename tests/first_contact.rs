@@ -184,10 +184,11 @@ fn several_devices_answer_for_the_one_that_ran_out_of_memory() {
     assert_eq!((vj["device"].as_u64(), vj["exact"].as_bool(), vj["devices"].as_array().map(Vec::len)), (Some(1), Some(true), Some(2)));
     let v0 = json(&["validate", f, "--json", "--device", "0"]);
     assert_eq!(v0["device"].as_u64(), Some(0));
-    // explain: the frag recording's first OOM is request 300, a 256 MiB tensor.
+    // explain: the frag recording's last OOM, the one that ended the run, is request 302, a
+    // 1 GiB tensor.
     let x = success(&["explain", f]);
     assert!(said(&x), "{x}");
-    assert!(x.contains("\nRequest 300: 256.00 MiB"), "{x}");
+    assert!(x.contains("\nOut of memory at request 302: 1024.00 MiB"), "{x}");
     let x0 = success(&["explain", f, "--device", "0"]);
     assert!(!x0.contains("answering for") && x0.contains("no request runs out of memory"), "{x0}");
     // sweep, fit, phases: text says which device; JSON equals --device 1's.

@@ -77,3 +77,27 @@ pub fn budget_lines(b: &allocsim_replay::Budget) -> Vec<String> {
     }
     b.describe()
 }
+
+/// Writes `text` in lines of at most `width` columns (where `Some`), broken at spaces, the lines
+/// after the first indented by `indent` spaces; a word longer than a line stays whole.
+pub fn write_wrapped(out: &mut dyn Write, text: &str, width: Option<u16>, indent: usize) -> io::Result<()> {
+    let Some(width) = width.map(usize::from) else { return writeln!(out, "{text}") };
+    let (mut line, mut cols, mut empty) = (String::new(), 0usize, true);
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        let w = word.chars().count();
+        if !empty && cols + 1 + w > width {
+            writeln!(out, "{line}")?;
+            line = " ".repeat(indent);
+            cols = indent;
+            empty = true;
+        }
+        if !empty {
+            line.push(' ');
+            cols += 1;
+        }
+        line.push_str(word);
+        cols += w;
+        empty = false;
+    }
+    writeln!(out, "{line}")
+}

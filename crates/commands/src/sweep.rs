@@ -25,14 +25,83 @@ pub struct SweepOptions {
     pub base: String,
     /// Segment placements per config (expandable-segment configs need one).
     pub placements: usize,
-    /// How many rows the text shows.
+    /// How many rows the text shows (configs with the same outcome share one).
     pub top: usize,
+    /// The widest the text's table may be, in columns (`None`: as wide as it needs).
+    pub width: Option<u16>,
 }
+
+/// The table's width when nothing says otherwise (a terminal's `COLUMNS` or `--wide` do).
+pub const DEFAULT_WIDTH: u16 = 100;
 
 impl Default for SweepOptions {
     fn default() -> Self {
-        SweepOptions { trace: TraceOptions::default(), capacity: None, grid: None, base: String::new(), placements: 4, top: 15 }
+        SweepOptions { trace: TraceOptions::default(), capacity: None, grid: None, base: String::new(), placements: 4, top: 15, width: Some(DEFAULT_WIDTH) }
     }
+}
+
+/// The settings of a config string, key by key (a `roundup_power2_divisions` list's commas stay
+/// inside its brackets).
+fn settings_of(conf: &str) -> Vec<(String, String)> {
+    let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0usize);
+    let b = conf.as_bytes();
+    for i in 0..=b.len() {
+        let c = b.get(i).copied();
+        match c {
+            Some(b'[') => depth += 1,
+            Some(b']') => depth -= 1,
+            Some(b',') | None if depth <= 0 => {
+                let item = conf[start..i].trim();
+                if !item.is_empty() {
+                    let (k, v) = item.split_once(':').unwrap_or((item, ""));
+                    out.push((k.trim().to_string(), v.trim().to_string()));
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Rows whose outcomes are the same (every placement's OOMs, peaks, retries, syncs and device
+/// calls), best first as the rows are: each group's configs, first the one shown.
+pub fn same_outcome_groups(rows: &[Row]) -> Vec<Vec<&Row>> {
+    let key = |r: &Row| {
+        r.outcomes
+            .iter()
+            .map(|o| (o.first_oom, o.ooms, o.peak_reserved, o.peak_allocated, o.num_alloc_retries, o.num_sync_all_streams, o.num_device_alloc, o.num_device_free))
+            .collect::<Vec<_>>()
+    };
+    let mut groups: Vec<(Vec<_>, Vec<&Row>)> = Vec::new();
+    for r in rows.iter().filter(|r| r.rejected.is_none()) {
+        let k = key(r);
+        match groups.iter_mut().find(|(g, _)| *g == k) {
+            Some((_, v)) => v.push(r),
+            None => groups.push((k, vec![r])),
+        }
+    }
+    groups.into_iter().map(|(_, v)| v).collect()
+}
+
+/// What the configs of a group share, in words: "N more alike: any K1, K2" where the keys named
+/// take several values in the group (or are set in some and not in others).
+fn alike_words(group: &[&Row]) -> Option<String> {
+    if group.len() < 2 {
+        return None;
+    }
+    let sets: Vec<Vec<(String, String)>> = group.iter().map(|r| settings_of(&r.conf)).collect();
+    let mut keys: Vec<String> = sets.iter().flatten().map(|(k, _)| k.clone()).collect();
+    keys.sort();
+    keys.dedup();
+    let varying: Vec<String> = keys
+        .into_iter()
+        .filter(|k| {
+            let vals: Vec<Option<&String>> = sets.iter().map(|s| s.iter().find(|(kk, _)| kk == k).map(|(_, v)| v)).collect();
+            vals.iter().any(|v| *v != vals[0])
+        })
+        .collect();
+    Some(format!("+{} alike{}", group.len() - 1, varying.iter().map(|k| format!("\nany {k}")).collect::<String>()))
 }
 
 /// The grid points of these options (PyTorch's rules reject invalid ones as rows, not here).
@@ -138,19 +207,24 @@ fn oom_cell(p: &Prepared, row: &Row) -> String {
     let lo = lo.unwrap_or(0);
     let req = &p.program.requests[lo as usize];
     let mut s = format!("request {lo} ({})", format_size(req.size));
-    if let Some(site) = p.call_site(lo) {
-        s.push_str(&format!("\n  at {site}"));
-    }
     if n > 1 {
-        s = format!("{k}/{n} placements; first at {s}");
+        s.push_str(&format!("\nfirst, in {k}/{n} placements"));
     }
+    let _ = p;
     s
 }
 
 fn range(r: Option<(u64, u64)>) -> String {
     match r {
         Some((lo, hi)) if format_size(lo) == format_size(hi) => format_size(lo),
-        Some((lo, hi)) => format!("{}–{}", format_size(lo), format_size(hi)),
+        Some((lo, hi)) => {
+            let (l, h) = (format_size(lo), format_size(hi));
+            // "5.54–5.56 GiB" where both have one unit.
+            match (l.rsplit_once(' '), h.rsplit_once(' ')) {
+                (Some((lv, lu)), Some((hv, hu))) if lu == hu => format!("{lv}–{hv} {hu}"),
+                _ => format!("{l}–{h}"),
+            }
+        }
         None => "-".into(),
     }
 }
@@ -195,8 +269,8 @@ fn write_sweep_text(out: &mut dyn Write, s: &SweepAnswer) -> io::Result<()> {
     let limits = p.limits(a.capacity);
     let valid = rows.iter().filter(|r| r.rejected.is_none()).count();
     let shared = rows.iter().flat_map(|r| &r.outcomes).filter(|o| o.same_as.is_some()).count();
-    writeln!(
-        out,
+    let width = a.width;
+    let head = format!(
         "{}: {} requests, {} configs ({} placements each, expandable segments once), {} outcomes under {} ({} replayed; {} shared with a config that cannot behave differently on this trace); {:.1} s",
         s.name,
         p.program.requests.len(),
@@ -212,17 +286,25 @@ fn write_sweep_text(out: &mut dyn Write, s: &SweepAnswer) -> io::Result<()> {
         replay_count(points, a.placements) - shared,
         shared,
         secs
-    )?;
+    );
+    crate::write_wrapped(out, &head, width, 2)?;
     let mut t = Table::new();
     t.load_style(presets::UTF8_FULL_CONDENSED);
+    if let Some(w) = a.width {
+        t.set_content_arrangement(comfy_table::ContentArrangement::Dynamic);
+        t.set_width(w);
+    }
     let with_iterations = rows.iter().flat_map(|r| &r.outcomes).any(|o| iteration_of(o.peak_reserved_request).is_some());
     let mut header = vec!["#", "config", "OOM", "peak reserved"];
     if with_iterations {
-        header.push("in iteration");
+        header.push("iteration");
     }
-    header.extend(["reserved − allocated", "retries", "syncs", "cudaMalloc/free (map/unmap)", "device time"]);
+    header.extend(["unallocated at peak", "retries / syncs", "device calls"]);
     t.set_header(header);
-    for (i, r) in rows.iter().filter(|r| r.rejected.is_none()).take(a.top).enumerate() {
+    let groups = same_outcome_groups(rows);
+    let group_of = |conf: &str| groups.iter().position(|g| g.iter().any(|r| r.conf == conf));
+    for (i, g) in groups.iter().take(a.top).enumerate() {
+        let r = g[0];
         let w = r.worst().unwrap();
         // The iterations where the placements' peaks fall (one, usually).
         let mut its: Vec<usize> = r.outcomes.iter().filter_map(|o| iteration_of(o.peak_reserved_request)).collect();
@@ -230,7 +312,15 @@ fn write_sweep_text(out: &mut dyn Write, s: &SweepAnswer) -> io::Result<()> {
         its.dedup();
         let mut cells = vec![
             (i + 1).to_string(),
-            if r.conf.is_empty() { "(defaults)".into() } else { r.conf.replace(',', ", ") },
+            format!(
+                "{}{}",
+                if r.conf.is_empty() {
+                    "(defaults)".to_string()
+                } else {
+                    settings_of(&r.conf).iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join("\n")
+                },
+                alike_words(g).map_or(String::new(), |w| format!("\n{w}"))
+            ),
             oom_cell(p, r),
             range(r.peak_reserved_range()),
         ];
@@ -239,46 +329,81 @@ fn write_sweep_text(out: &mut dyn Write, s: &SweepAnswer) -> io::Result<()> {
         }
         cells.extend([
             format_size(w.peak_reserved.saturating_sub(w.peak_allocated)),
-            w.num_alloc_retries.to_string(),
-            w.num_sync_all_streams.to_string(),
-            format!("{} / {}", w.num_device_alloc, w.num_device_free),
-            format!("{:.1} ms", (w.device_call_us / 1000.0).max(0.0)),
+            format!("{} / {}", w.num_alloc_retries, w.num_sync_all_streams),
+            format!("{} / {}\n{:.1} ms", w.num_device_alloc, w.num_device_free, (w.device_call_us / 1000.0).max(0.0)),
         ]);
         t.add_row(cells);
     }
+    if a.width.is_some()
+        && let Some(c) = t.column_mut(1)
+    {
+        // The settings, one a line, keep their names whole.
+        c.set_constraint(comfy_table::ColumnConstraint::LowerBoundary(comfy_table::Width::Fixed(34)));
+    }
+    if a.width.is_some()
+        && let Some(c) = t.column_mut(2)
+    {
+        c.set_constraint(comfy_table::ColumnConstraint::LowerBoundary(comfy_table::Width::Fixed(20)));
+    }
     writeln!(out, "{t}")?;
+    if groups.len() > a.top {
+        writeln!(out, "({} more outcomes not shown; --json has every config)", groups.len() - a.top)?;
+    }
+    // Where the first OOMs shown come from (call sites are too long for a cell).
+    let mut firsts: Vec<u32> = groups.iter().take(a.top).filter_map(|g| g[0].first_oom_range().0).collect();
+    firsts.sort_unstable();
+    firsts.dedup();
+    for q in firsts {
+        let size = format_size(p.program.requests[q as usize].size);
+        let site = p.call_site(q).map_or_else(|| "(no stack recorded)".to_string(), |s| format!("at {s}"));
+        crate::write_wrapped(out, &format!("OOM at request {q} ({size}) {site}"), width, 2)?;
+    }
     if a.capacity.is_none() {
         for line in crate::budget_lines(&p.budget) {
-            writeln!(out, "budget: {line}")?;
+            crate::write_wrapped(out, &format!("budget: {line}"), width, 2)?;
         }
     }
     match interval {
-        Some(((lo, hi), [])) => writeln!(
+        Some(((lo, hi), [])) => crate::write_wrapped(
             out,
-            "every outcome above is the same at both ends of the inferred allowed maximum ({}–{})",
-            format_size(lo),
-            format_size(hi)
+            &format!("every outcome above is the same at both ends of the inferred allowed maximum ({}–{})", format_size(lo), format_size(hi)),
+            width,
+            2,
         )?,
-        Some(((lo, hi), depends)) => writeln!(
-            out,
-            "depends on where in {}–{} the real allowed maximum lies (the outcome differs between its ends): {}",
-            format_size(lo),
-            format_size(hi),
-            depends.iter().map(|c| if c.is_empty() { "(defaults)" } else { c.as_str() }).collect::<Vec<_>>().join("; ")
-        )?,
+        Some(((lo, hi), depends)) => {
+            let mut shown: Vec<usize> = depends.iter().filter_map(|c| group_of(c)).collect();
+            shown.sort_unstable();
+            shown.dedup();
+            crate::write_wrapped(
+                out,
+                &format!(
+                    "depends on where in {}–{} the real allowed maximum lies (the outcome differs between its ends): {}",
+                    format_size(lo),
+                    format_size(hi),
+                    shown.iter().map(|i| format!("#{}", i + 1)).collect::<Vec<_>>().join(", ")
+                ),
+                width,
+                2,
+            )?
+        }
         None => {}
     }
     for r in rows.iter().filter(|r| r.rejected.is_some()) {
-        writeln!(out, "rejected by PyTorch: {} — {}", r.conf, r.rejected.as_ref().unwrap())?;
+        crate::write_wrapped(out, &format!("rejected by PyTorch: {} — {}", r.conf, r.rejected.as_ref().unwrap()), width, 2)?;
     }
     if limits.capacity.is_none() && points.iter().any(|p| p.config.as_ref().is_ok_and(|c| c.gc_enabled())) {
-        writeln!(out, "note: garbage_collection_threshold has no effect without a memory fraction (give --capacity)")?;
+        crate::write_wrapped(out, "note: garbage_collection_threshold has no effect without a memory fraction (give --capacity)", width, 2)?;
     }
     // Rankings that placement can flip: adjacent configs whose outcome ranges overlap.
     let flips = allocsim_whatif::sweep::placement_sensitive_pairs(rows);
-    let flips: Vec<String> = flips.iter().filter(|&&i| i + 1 < a.top).map(|i| format!("#{} and #{}", i + 1, i + 2)).collect();
+    let flips: Vec<String> = flips
+        .iter()
+        .filter_map(|&i| Some((group_of(&rows[i].conf)?, group_of(&rows[i + 1].conf)?)))
+        .filter(|(x, y)| x != y && *y < a.top)
+        .map(|(x, y)| format!("#{} and #{}", x + 1, y + 1))
+        .collect();
     if !flips.is_empty() {
-        writeln!(out, "placement: these neighbours could swap places depending on where the driver puts segments (their ranges overlap): {}", flips.join(", "))?;
+        crate::write_wrapped(out, &format!("placement: these neighbours could swap places depending on where the driver puts segments (their ranges overlap): {}", flips.join(", ")), width, 2)?;
     }
     let own = rows.iter().position(|r| r.rejected.is_none() && AllocatorConfig::parse(&r.conf).is_ok_and(|c| p.is_own_under(&c, &limits)));
     let name = |r: &Row| if r.conf.is_empty() { "the defaults".to_string() } else { r.conf.clone() };
@@ -320,7 +445,7 @@ fn write_sweep_text(out: &mut dyn Write, s: &SweepAnswer) -> io::Result<()> {
             name(&rows[smallest])
         ),
     };
-    writeln!(out, "{line}")?;
+    crate::write_wrapped(out, &line, width, 2)?;
     Ok(())
 }
 
