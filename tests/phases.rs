@@ -314,3 +314,43 @@ fn compare_real_ranks_names_the_rank_and_step_that_spiked() {
     assert!(s["file"].as_str().unwrap().ends_with("rank1.pickle.gz"), "{s}");
     assert_eq!(s["iteration"].as_u64(), Some(6));
 }
+
+/// The repeats inside one step are not iterations. The batch-size finder of
+/// `devfull_findbatch__expandable` ran out of memory in each forward pass it tried and never
+/// finished a step (its .json has no `fitting_batch`; the trace no optimizer step): the 6
+/// encoder layers of those forward passes repeat 22 times at regular distances, but each keeps
+/// its activations, so the live memory climbs from one to the next and they are not iterations.
+#[test]
+fn forward_layers_are_not_iterations() {
+    let name = "devfull_findbatch__expandable";
+    assert!(meta(name)["extra"].get("fitting_batch").is_none(), "the run never fitted a batch");
+    let snap = allocsim_trace::read_trace(&root(&format!("traces/field/{name}.pickle.gz"))).unwrap();
+    let p = Prepared::new(&snap, None, 150_109_880_320, None).unwrap();
+    let l = Layout::of(&p, None).unwrap();
+    assert!(matches!(l.source, Source::Whole { .. }), "{:?}", l.source);
+    assert_eq!(l.iterations.len(), 1);
+    // The regions stay: every forward pass it tried.
+    assert_eq!(l.regions.iter().filter(|r| r.name == "forward").count(), 5);
+}
+
+/// The first step of the Llama run (annotations left out) is one iteration; its first three
+/// steps are the three iterations the optimizer's annotations make.
+#[test]
+fn layers_inside_a_step_are_not_iterations() {
+    let snap = allocsim_trace::read_trace(&root("traces/field/llama_train__default.pickle.gz")).unwrap();
+    let p = Prepared::new(&snap, None, 150_109_880_320, None).unwrap();
+    let steps = Layout::of(&p, None).unwrap();
+    for (n, want) in [(1usize, 1usize), (3, 3)] {
+        let end = steps.iterations[n - 1].span.end_entry as usize;
+        let trace = &p.trace[..end];
+        let requests: Vec<_> = p.program.requests.iter().copied().filter(|r| (r.trace_index as usize) < end).collect();
+        let l = Layout::from_parts(trace, &requests, &[], None, &|q| p.call_site(q)).unwrap();
+        assert_eq!(l.iterations.len(), want, "the first {n} steps: {:?}", l.source);
+        if want == 1 {
+            assert!(matches!(l.source, Source::Whole { .. }), "{:?}", l.source);
+        } else {
+            let starts = |l: &Layout| l.iterations.iter().map(|i| i.span.request_start).collect::<Vec<_>>();
+            assert_eq!(starts(&l), starts(&steps)[..n], "the first {n} steps");
+        }
+    }
+}

@@ -598,7 +598,7 @@ fn write_phase(out: &mut dyn Write, ph: &allocsim_phases::PhaseAt) -> io::Result
     };
     let how = match &ph.source {
         Source::Annotation { names } => format!("iterations end at each `{}`", names.join("`/`")),
-        Source::Pattern { .. } => "iterations from the repeating request pattern".to_string(),
+        Source::Pattern { repeats, .. } => format!("iterations from a request pattern that repeats {repeats} times, the live memory returning to one level between repeats"),
         Source::Whole { .. } => {
             if !regions.is_empty() {
                 writeln!(out, "  {}", &regions[2..])?;

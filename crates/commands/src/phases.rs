@@ -64,7 +64,11 @@ impl Answer for PhasesAnswer {
 pub fn source_text(s: &Source) -> String {
     match s {
         Source::Annotation { names } => format!("iterations end at each `{}` annotation", names.join("`/`")),
-        Source::Pattern { marker, repeats, .. } => format!("no optimizer annotations; iterations from a request that repeats {repeats} times: {marker}"),
+        Source::Pattern { marker, repeats, live_spread, median_rise, .. } => format!(
+            "no optimizer annotations; iterations from a request that repeats {repeats} times ({marker}), the live memory at each repeat's start within {} of the others while a repeat rises {} above it",
+            fs(*live_spread),
+            fs(*median_rise)
+        ),
         Source::Whole { reason } => format!("one iteration, the whole trace ({reason})"),
     }
 }

@@ -23,16 +23,18 @@
 //!   occurrence over at least half the requests, at regular distances: their median at least 2,
 //!   none after the first over 1.5× the median, the first not over 3× (the first step also makes
 //!   the optimizer's state) nor under the median / 1.5, and at most one in ten of the others (at
-//!   least one) under the median / 1.5 (an iteration cut short by an OOM it caught). The number
-//!   of iterations is the count the most candidates share, or a larger count at least half as
-//!   many share (an iteration cut short takes one occurrence from every signature after the
-//!   cut), and at least two candidates must share it (a lone signature repeating at regular
-//!   distances happens by chance in long random traces); of the candidates with that
-//!   count the one that comes earliest in each
-//!   repetition marks where an iteration starts (the first iteration takes in what comes before
-//!   its first occurrence). The iterations it makes must be alike: at least half the requests
-//!   after the first iteration have a signature found in at least half of those iterations. No
-//!   candidate: one iteration, the whole trace.
+//!   least one) under the median / 1.5 (an iteration cut short by an OOM it caught). A number
+//!   of repeats is tried when at least two candidates share it (a lone signature repeating at
+//!   regular distances happens by chance in long random traces), the fewest first (the coarsest
+//!   repetition: a training step before the layers repeated inside it); of the candidates with
+//!   that count the one that comes earliest in each repetition marks where an iteration starts
+//!   (the first iteration takes in what comes before its first occurrence). The repeats are
+//!   iterations only when they are alike (at least half the requests after the first repeat have
+//!   a signature found in at least half of the repeats) and return to the same live memory (the
+//!   bytes held at the starts of the repeats after the first differ by at most a quarter of how
+//!   far a repeat rises above its start: a job's steps free what they make, but the layers of one
+//!   forward pass keep their activations). No such repeats: one iteration, the whole trace, and
+//!   only the annotated regions.
 //!
 //! # Regions
 //!
@@ -57,8 +59,11 @@ pub enum Source {
     /// Each iteration ends at the `END` of one of these annotations.
     Annotation { names: Vec<String> },
     /// A request that comes once per iteration marks where each starts (see the module
-    /// documentation): its call site and size, its first occurrence, and how many times it came.
-    Pattern { marker: String, marker_request: u32, repeats: usize },
+    /// documentation): its call site and size, its first occurrence, and how many times it came;
+    /// between repeats the live memory returns to the same level: `live_spread`, the most the
+    /// live bytes at the starts of the repeats after the first differ, against `median_rise`, the
+    /// median of how far each repeat rises above its start.
+    Pattern { marker: String, marker_request: u32, repeats: usize, live_spread: u64, median_rise: u64 },
     /// No iterations found: one, the whole trace.
     Whole { reason: String },
 }
@@ -258,8 +263,8 @@ impl Layout {
             }
             return Err(LayoutError::NoSuchAnnotation { name: name.to_string(), names });
         } else {
-            match pattern(requests) {
-                Some(starts) => {
+            match pattern(requests, &live_before(trace, requests)) {
+                Some((starts, live_spread, median_rise)) => {
                     let bounds: Vec<(u32, i64)> = starts[1..]
                         .iter()
                         .map(|&q| {
@@ -278,15 +283,15 @@ impl Layout {
                         Some(site) => format!("{site} ({size} bytes)"),
                         None => format!("a request of {size} bytes"),
                     };
-                    (Source::Pattern { marker, marker_request: first, repeats: starts.len() }, its)
+                    (Source::Pattern { marker, marker_request: first, repeats: starts.len(), live_spread, median_rise }, its)
                 }
                 None => {
                     let reason = if requests.is_empty() {
                         "the trace holds no requests".to_string()
                     } else if annotations.is_empty() {
-                        "no optimizer-step annotations and no repeating request pattern".to_string()
+                        "no optimizer-step annotations, and no request pattern that repeats and returns to the same live memory between repeats".to_string()
                     } else {
-                        "no optimizer-step annotations (use --by NAME for another) and no repeating request pattern".to_string()
+                        "no optimizer-step annotations (--by NAME takes another), and no request pattern that repeats and returns to the same live memory between repeats".to_string()
                     };
                     (Source::Whole { reason }, b.iterations(&[]))
                 }
@@ -374,8 +379,64 @@ fn regions(b: &Builder<'_>, placed: &[Placed<'_>], iterations: &[IterationSpan])
     out
 }
 
-/// The request pattern's iteration starts (request ordinals; see the module documentation).
-fn pattern(requests: &[Request]) -> Option<Vec<u32>> {
+/// The bytes the program holds (allocated and not yet freed) just before each request, counted
+/// from the trace's first entry (a trace that starts mid-history counts from its own start: only
+/// differences between these are meaningful). A block is freed at its `free_requested` (or, in a
+/// trace that records none, its `free_completed`).
+fn live_before(trace: &[TraceEntry], requests: &[Request]) -> Vec<i64> {
+    use allocsim_trace::Action;
+    let requested = trace.iter().any(|e| e.action == Action::FreeRequested);
+    let mut out = Vec::with_capacity(requests.len());
+    let (mut live, mut q) = (0i64, 0usize);
+    for (i, e) in trace.iter().enumerate() {
+        while q < requests.len() && requests[q].trace_index as usize == i {
+            out.push(live);
+            q += 1;
+        }
+        match e.action {
+            Action::Alloc => live += e.size as i64,
+            Action::FreeRequested if requested => live -= e.size as i64,
+            Action::FreeCompleted if !requested => live -= e.size as i64,
+            _ => {}
+        }
+    }
+    out.resize(requests.len(), live);
+    out
+}
+
+/// Whether repeats starting at `starts` return to the same live memory, as iterations of a job
+/// do (each frees what it made, but for what it keeps for the next: parameters, gradients, the
+/// optimizer's state); the repeated layers of one forward pass do not (each keeps its
+/// activations for the backward pass, so the live bytes at their starts climb). After the
+/// first repeat (which may create the optimizer's state), the live bytes at the repeats' starts
+/// may differ by at most a quarter of the median of how far a repeat rises above its start.
+/// Returns that spread and median when they do.
+fn returns_to_the_same_live_set(requests: &[Request], live: &[i64], starts: &[u32]) -> Option<(u64, u64)> {
+    if starts.len() < 3 {
+        return None;
+    }
+    let at: Vec<i64> = starts[1..].iter().map(|&q| live[q as usize]).collect();
+    let spread = (at.iter().max()? - at.iter().min()?) as u64;
+    let mut rises: Vec<u64> = starts
+        .windows(2)
+        .skip(1)
+        .map(|w| {
+            let base = live[w[0] as usize];
+            let top = (w[0]..w[1]).map(|q| live[q as usize] + requests[q as usize].size as i64).max().unwrap_or(base);
+            (top - base).max(0) as u64
+        })
+        .collect();
+    if rises.is_empty() {
+        return None;
+    }
+    rises.sort_unstable();
+    let median = rises[rises.len() / 2];
+    (median > 0 && spread.saturating_mul(4) <= median).then_some((spread, median))
+}
+
+/// The request pattern's iteration starts (request ordinals; see the module documentation), with
+/// the live-memory evidence of [`returns_to_the_same_live_set`].
+fn pattern(requests: &[Request], live: &[i64]) -> Option<(Vec<u32>, u64, u64)> {
     let stacks = requests.iter().any(|r| r.stack != 0);
     let sig = |r: &Request| if stacks { r.stack as u64 } else { r.size };
     let mut at: HashMap<u64, Vec<u32>> = HashMap::new();
@@ -408,31 +469,37 @@ fn pattern(requests: &[Request]) -> Option<Vec<u32>> {
     for (_, p) in &candidates {
         *counts.entry(p.len()).or_default() += 1;
     }
-    // The count most candidates share is the number of iterations; but an iteration cut short
-    // takes one repetition from every signature after the cut, so a larger count that at least
-    // half as many candidates share wins.
-    let most = *counts.values().max()?;
-    let k = counts.iter().filter(|&(_, &c)| 2 * c >= most && c >= 2).map(|(&k, _)| k).max()?;
-    // Of those that come k times, the earliest in each repetition.
-    let (_, p) = candidates
-        .into_iter()
-        .filter(|(_, p)| p.len() == k)
-        .min_by_key(|(s, p)| (p.iter().map(|&x| x as u64).sum::<u64>(), *s))?;
-    // The iterations must be alike: most of their requests (after the first iteration) have a
-    // signature that comes in at least half of them.
-    let iteration_of = |q: u32| p.partition_point(|&s| s <= q);
-    let mut seen: HashMap<u64, (usize, usize)> = HashMap::new();
-    for (q, r) in requests.iter().enumerate().skip(p[1] as usize) {
-        let (last, count) = seen.entry(sig(r)).or_insert((usize::MAX, 0));
-        let it = iteration_of(q as u32);
-        if *last != it {
-            *last = it;
-            *count += 1;
+    // A count of repeats at least two candidates share, the fewest repeats first (the coarsest
+    // repetition: steps before the layers repeated inside each), of those whose repeats are
+    // alike and return to the same live memory.
+    let mut ks: Vec<usize> = counts.iter().filter(|&(_, &c)| c >= 2).map(|(&k, _)| k).collect();
+    ks.sort_unstable();
+    ks.into_iter().find_map(|k| {
+        // Of those that come k times, the earliest in each repetition.
+        let (_, p) = candidates
+            .iter()
+            .filter(|(_, p)| p.len() == k)
+            .min_by_key(|(s, p)| (p.iter().map(|&x| x as u64).sum::<u64>(), *s))?;
+        // The iterations must be alike: most of their requests (after the first iteration) have
+        // a signature that comes in at least half of them.
+        let iteration_of = |q: u32| p.partition_point(|&s| s <= q);
+        let mut seen: HashMap<u64, (usize, usize)> = HashMap::new();
+        for (q, r) in requests.iter().enumerate().skip(p[1] as usize) {
+            let (last, count) = seen.entry(sig(r)).or_insert((usize::MAX, 0));
+            let it = iteration_of(q as u32);
+            if *last != it {
+                *last = it;
+                *count += 1;
+            }
         }
-    }
-    let tail = &requests[p[1] as usize..];
-    let common = tail.iter().filter(|r| 2 * seen[&sig(r)].1 >= k - 1).count();
-    (2 * common >= tail.len()).then(|| p.clone())
+        let tail = &requests[p[1] as usize..];
+        let common = tail.iter().filter(|r| 2 * seen[&sig(r)].1 >= k - 1).count();
+        if 2 * common < tail.len() {
+            return None;
+        }
+        let (spread, rise) = returns_to_the_same_live_set(requests, live, p)?;
+        Some(((*p).clone(), spread, rise))
+    })
 }
 
 #[cfg(test)]
@@ -557,7 +624,10 @@ mod tests {
             if k == 0 {
                 t.push(entry(Action::Alloc, t.len() as i64, 4, 8));
             }
-            t.push(entry(Action::FreeRequested, t.len() as i64, 0, 8));
+            // Each repetition frees what it made (the first keeps its 8 bytes of state).
+            for _ in 0..4 {
+                t.push(entry(Action::FreeRequested, t.len() as i64, 0, 8));
+            }
         }
         let reqs = requests_of(&t);
         let l = Layout::from_parts(&t, &reqs, &[], None, &|_| None).unwrap();
@@ -572,5 +642,10 @@ mod tests {
         assert!(matches!(l.source, Source::Whole { .. }));
         assert_eq!(l.iterations.len(), 1);
         assert_eq!(l.iterations[0].span.requests(), 5);
+        // The same repetitions keeping what they make (as the layers of one forward pass keep
+        // their activations): no iterations.
+        let kept: Vec<TraceEntry> = t.iter().filter(|e| e.action != Action::FreeRequested).cloned().collect();
+        let l = Layout::from_parts(&kept, &requests_of(&kept), &[], None, &|_| None).unwrap();
+        assert!(matches!(l.source, Source::Whole { .. }), "{:?}", l.source);
     }
 }
