@@ -52,7 +52,8 @@ struct ReplayArgs {
     #[arg(long)]
     placements: Option<usize>,
     /// Which device's trace to replay (default: every device with entries, each on its own
-    /// allocator; `--json` keeps the first one's at the top level and lists all in `devices`).
+    /// allocator; `--json` puts the worst, most OOMs then the highest peak reserved, at the top
+    /// level and lists all in `devices`).
     #[arg(long)]
     device: Option<usize>,
     /// The PyTorch release whose allocator rules apply, 2.1 to 2.15 (a snapshot does not record
@@ -88,6 +89,7 @@ enum Command {
     /// Replay a snapshot under its own settings and check every recorded segment event, OOM,
     /// allocation address and the final segments. Exit status 1 if anything differs.
     Validate {
+        /// A snapshot (.pickle, .pickle.gz, a snapshot saved as JSON) or an allocsim .jsonl trace.
         trace: PathBuf,
         /// The allowed maximum the trace was recorded under (default: inferred from the trace).
         #[arg(long, value_parser = parse_size)]
@@ -102,11 +104,14 @@ enum Command {
         /// The PyTorch release whose allocator rules apply (see `replay --torch-version`).
         #[arg(long, value_parser = allocsim_replay::TorchVersion::parse, default_value = "2.11")]
         torch_version: allocsim_replay::TorchVersion,
+        /// Print one JSON object (each check's counts, the first difference, the budget) instead
+        /// of the text.
         #[arg(long)]
         json: bool,
     },
-    /// Why did this request run out of memory? The request, the allocator's steps, where the free
-    /// memory is, the blocks pinning it, and what would have worked.
+    /// Why did the job run out of memory? The OOM that ended the run (or `--at`): a verdict (the
+    /// request, the cause, a fix checked by replaying), then every OOM, the allocator's steps,
+    /// where the free memory is and the blocks pinning it.
     Explain(crate::explain_cmd::ExplainArgs),
     /// A self-contained HTML report: timeline, OOM markers, fragmentation, segment maps.
     Report(crate::report_cmd::ReportArgs),
@@ -122,7 +127,9 @@ enum Command {
     /// What capturing CUDA graphs for other batch sizes into one shared pool would reserve,
     /// learnt from a trace that captured a few (`--captured`) and replayed (`--batches`).
     Graphs(crate::graphs_cmd::GraphsArgs),
-    /// Two runs of the same requests side by side: where reserved memory diverges, and why.
+    /// Runs side by side: two runs of the same requests (where reserved memory diverges, and
+    /// why), or the ranks of one job (a directory, a glob or several files: which rank spiked or
+    /// ran out of memory first, in which iteration).
     Compare(crate::whatif_cmds::CompareArgs),
     /// Generate a seeded synthetic snapshot (training steps, variable-length batches, KV-cache
     /// growth, random) of any length, for scale tests; `-o trace.jsonl` streams in constant memory.
@@ -130,7 +137,10 @@ enum Command {
     /// Convert a trace between formats: `-o trace.jsonl` (allocsim's JSON Lines) or
     /// `-o snapshot.pickle` / `.pickle.gz` (a torch 2.11 snapshot pickle); `.gz` gzips.
     Convert {
+        /// The trace to read: a snapshot (.pickle, .pickle.gz, or saved as JSON) or an allocsim
+        /// .jsonl trace.
         input: PathBuf,
+        /// The file to write; its name picks the format: `.jsonl`, `.pickle` (add `.gz` to gzip).
         #[arg(short, long)]
         output: PathBuf,
     },

@@ -14,9 +14,9 @@ use crate::whatif_cmds::TraceArgs;
 pub struct ExplainArgs {
     #[command(flatten)]
     pub trace: TraceArgs,
-    /// `oom` (the first request that runs out of memory in the replay), a request number N
-    /// (0-based, as in `replay --json`), or `peak`. Default: the first OOM the trace recorded
-    /// (under its own settings), else `oom`.
+    /// `oom` (the default): the OOM that ended the run (the last the trace recorded; under other
+    /// settings, the first at a request the recorded run served); `first`: the replay's first
+    /// OOM; a request number N (0-based, as in `replay --json`); or `peak`.
     #[arg(long)]
     pub at: Option<String>,
     /// Settings to replay under (default: the trace's own).
@@ -32,6 +32,7 @@ pub struct ExplainArgs {
     /// How many pinned segments to list.
     #[arg(long, default_value_t = 5)]
     pub top: usize,
+    /// Print one JSON object (the explanation, its verdict, the budget, every OOM) instead of the text.
     #[arg(long)]
     pub json: bool,
 }

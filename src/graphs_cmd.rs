@@ -28,6 +28,7 @@ pub struct GraphsArgs {
     /// need one.
     #[arg(long, default_value_t = 4)]
     pub placements: usize,
+    /// Print one JSON object instead of the text.
     #[arg(long)]
     pub json: bool,
 }

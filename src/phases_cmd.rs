@@ -24,6 +24,7 @@ pub struct PhasesArgs {
     /// How many call sites of live blocks to list at each iteration's peak.
     #[arg(long, default_value_t = 3)]
     pub top: usize,
+    /// Print one JSON object (every iteration and region) instead of the text.
     #[arg(long)]
     pub json: bool,
 }

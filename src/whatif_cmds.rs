@@ -30,7 +30,8 @@ pub struct TraceArgs {
     /// segment events, with the memory held outside the allocator.
     #[arg(long, value_parser = parse_size)]
     pub trace_capacity: Option<u64>,
-    /// Which device's trace (default: the first with entries).
+    /// Which device's trace (default: the one that ran out of memory, else the one with the
+    /// highest peak reserved; the answer's first line says which and why).
     #[arg(long)]
     pub device: Option<usize>,
 }
@@ -145,6 +146,7 @@ pub struct FitArgs {
     /// Also fit under N plausible placements and report the range.
     #[arg(long, default_value_t = 1)]
     pub placements: usize,
+    /// Print one JSON object instead of the text.
     #[arg(long)]
     pub json: bool,
 }
@@ -192,8 +194,10 @@ pub struct CompareArgs {
     /// memory, else the one with the highest peak reserved).
     #[arg(long)]
     pub device: Option<usize>,
+    /// How many call sites of new segments to list (two runs), or rows (ranks).
     #[arg(long, default_value_t = 10)]
     pub top: usize,
+    /// Print one JSON object instead of the text.
     #[arg(long)]
     pub json: bool,
 }

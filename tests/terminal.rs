@@ -58,3 +58,41 @@ fn sweep_shows_each_outcome_once() {
     assert_eq!(shown, distinct.len(), "one row per distinct outcome:\n{text}");
     assert!(text.contains("+59 alike"), "{text}");
 }
+
+/// Every argument and option of every command says what it is (`--help`).
+#[test]
+fn every_option_is_described() {
+    let top = common::success(&["--help"]);
+    let commands: Vec<String> = top
+        .split("Commands:")
+        .nth(1)
+        .unwrap()
+        .split("Options:")
+        .next()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("  ").and_then(|l| l.split_whitespace().next()).map(str::to_string))
+        .filter(|c| c != "help")
+        .collect();
+    assert!(commands.len() >= 12, "{top}");
+    let mut undescribed = Vec::new();
+    for c in &commands {
+        let help = common::success(&[c.as_str(), "--help"]);
+        let body: Vec<&str> = help.lines().skip_while(|l| !(l.starts_with("Arguments:") || l.starts_with("Options:"))).collect();
+        let is_start = |l: &str| {
+            let t = l.trim_start();
+            (2..=6).contains(&(l.len() - t.len())) && (t.starts_with('-') || t.starts_with('<') || t.starts_with('['))
+        };
+        let starts: Vec<usize> = body.iter().enumerate().filter(|(_, l)| is_start(l)).map(|(i, _)| i).collect();
+        for (k, &i) in starts.iter().enumerate() {
+            let line = body[i].trim();
+            let same_line = line.split_once("  ").is_some_and(|(_, d)| !d.trim().is_empty() && !d.trim().starts_with('['));
+            let end = starts.get(k + 1).copied().unwrap_or(body.len());
+            let next_lines = body[i + 1..end].iter().any(|l| l.starts_with("        ") && !l.trim().is_empty() && !l.trim().starts_with('['));
+            if !(same_line || next_lines) {
+                undescribed.push(format!("{c}: {line}"));
+            }
+        }
+    }
+    assert!(undescribed.is_empty(), "without a description:\n{}", undescribed.join("\n"));
+}

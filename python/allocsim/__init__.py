@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import pickle
-from typing import Any, Dict, Iterable, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _allocsim
 from ._allocsim import ConfigError, Error, TraceError, parse_size
@@ -52,22 +52,58 @@ __all__ = [
 
 __version__ = _allocsim.VERSION
 
-Size = Union[int, str, None]
+Size = Union[int, float, str, None]
 
 
 def _size(v: Size, what: str) -> Optional[int]:
-    """Bytes from an int or a string such as ``'24GiB'`` (None stays None)."""
+    """Bytes from an int, a float that is a whole number (``80e9``) or a string as the command
+    line takes it (``'24GiB'``, ``'2e9'``); None stays None."""
     if v is None:
         return None
     if isinstance(v, bool):
         raise TypeError(f"{what}: expected bytes (int) or a size such as '24GiB', got {v!r}")
+    if isinstance(v, float):
+        if not v.is_integer():
+            raise ValueError(f"{what}: {v!r} is not a whole number of bytes")
+        v = int(v)
     if isinstance(v, int):
         if v < 0:
             raise ValueError(f"{what}: {v} is negative")
         return v
     if isinstance(v, str):
-        return parse_size(v)
+        try:
+            return parse_size(v)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
     raise TypeError(f"{what}: expected bytes (int) or a size such as '24GiB', got {type(v).__name__}")
+
+
+def _sizes(v: Union[Size, Iterable[Size]], what: str) -> List[int]:
+    """A list of sizes as the command line takes one (``'24GiB,80GiB'``), or any iterable of
+    sizes (``['24GiB', 80e9]``); None is the empty list."""
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [_size(x.strip(), what) for x in v.split(",") if x.strip()]  # type: ignore[misc]
+    if isinstance(v, (int, float)):
+        return [_size(v, what)]  # type: ignore[list-item]
+    return [_size(x, what) for x in v]  # type: ignore[misc]
+
+
+def _ints(v: Union[int, str, Iterable[int], None], what: str) -> List[int]:
+    """A list of whole numbers as the command line takes one (``'256,128,64'``), or any iterable."""
+    if v is None:
+        return []
+    if isinstance(v, str):
+        items: List[Any] = [x.strip() for x in v.split(",") if x.strip()]
+    elif isinstance(v, int):
+        items = [v]
+    else:
+        items = list(v)
+    try:
+        return [int(x) for x in items]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}: expected whole numbers, got {v!r}") from None
 
 
 def load(source: Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Dict[str, Any]], name: Optional[str] = None) -> "Snapshot":
@@ -230,9 +266,9 @@ class Snapshot:
         trace_capacity: Size = None,
         addresses_from: Optional["Snapshot"] = None,
     ) -> Explanation:
-        """``allocsim explain``: why a request ran out of memory. ``at`` is ``'oom'`` (the first OOM
-        of the replay), ``'peak'`` or a request number; default the first OOM the trace recorded
-        (under its own settings), else ``'oom'``."""
+        """``allocsim explain``: why the job ran out of memory. ``at`` is ``'oom'`` (the default:
+        the OOM that ended the run, the last the trace recorded), ``'first'`` (the replay's first
+        OOM), ``'peak'`` or a request number. The text opens with the verdict (``.verdict``)."""
         r = self._s.explain(
             None if at is None else str(at),
             config,
@@ -273,7 +309,7 @@ class Snapshot:
 
     def fit(
         self,
-        cards: Optional[Sequence[Size]] = None,
+        cards: Union[str, Size, Iterable[Size], None] = None,
         config: Optional[str] = None,
         *,
         grid: Union[str, Dict[str, Iterable[Any]], None] = None,
@@ -284,8 +320,9 @@ class Snapshot:
         trace_capacity: Size = None,
     ) -> FitResult:
         """``allocsim fit``: the smallest allowed maximum without OOM, and whether each of
-        ``cards`` (e.g. ``['24GiB', '80GB']``) is enough after the memory outside the allocator."""
-        sizes = [_size(c, "cards") for c in (cards or [])]
+        ``cards`` (``'24GiB,80GiB'`` as on the command line, or ``['24GiB', 80e9]``) is enough
+        after the memory outside the allocator."""
+        sizes = _sizes(cards, "cards")
         r = self._s.fit(
             sizes,
             config,
@@ -300,8 +337,8 @@ class Snapshot:
 
     def graphs(
         self,
-        captured: Sequence[int],
-        batches: Optional[Sequence[int]] = None,
+        captured: Union[str, Iterable[int]],
+        batches: Union[str, Iterable[int], None] = None,
         config: Optional[str] = None,
         capacity: Size = None,
         *,
@@ -313,8 +350,8 @@ class Snapshot:
         """``allocsim graphs``: what capturing CUDA graphs for ``batches`` (in capture order) into
         one shared pool would reserve, learnt from the trace's captures at ``captured``."""
         r = self._s.graphs(
-            [int(b) for b in captured],
-            [int(b) for b in (batches or [])],
+            _ints(captured, "captured"),
+            _ints(batches, "batches"),
             config,
             _size(capacity, "capacity"),
             placements,

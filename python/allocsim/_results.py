@@ -105,6 +105,18 @@ class Explanation(Answer):
         """PyTorch's OOM message (None when the request was served)."""
         return self._data().get("message")
 
+    @property
+    def verdict(self) -> List[str]:
+        """The verdict the text opens with: the request, which OOM, the cause, a fix checked by
+        replaying, PyTorch's message (empty when the request was served)."""
+        return list(self._data().get("verdict") or [])
+
+    @property
+    def fix(self) -> Optional[Dict[str, Any]]:
+        """The fix: ``{'kind': 'setting', 'conf': ...}``, ``{'kind': 'memory', 'needed': ...}``
+        or ``{'kind': 'nothing'}`` (None when the request was served)."""
+        return self._data().get("fix")
+
 
 class SweepResult(Answer):
     """``allocsim sweep``."""

@@ -200,7 +200,7 @@ impl Snapshot {
         device_memory: Option<u64>,
         trace_capacity: Option<u64>,
     ) -> PyResult<(String, String, String)> {
-        let o = SweepOptions { trace: trace_options(device, device_memory, trace_capacity), capacity, grid, base, placements, top, width: None };
+        let o = SweepOptions { trace: trace_options(device, device_memory, trace_capacity), capacity, grid, base, placements, top, width: Some(allocsim_commands::sweep::DEFAULT_WIDTH) };
         py.detach(|| {
             let a = allocsim_commands::sweep::sweep(self.trace(), &o, &|| {})?;
             let mut csv = Vec::new();

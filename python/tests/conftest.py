@@ -47,7 +47,9 @@ def without_nvml(msg):
 
 def cli(*args):
     """The package's command line (`python -m allocsim ARGS`), run from the repository root."""
-    return subprocess.run([sys.executable, "-m", "allocsim", *args], cwd=ROOT, capture_output=True, text=True)
+    # (Without COLUMNS: tables are as wide as they are by default, as in the package's answers.)
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    return subprocess.run([sys.executable, "-m", "allocsim", *args], cwd=ROOT, capture_output=True, text=True, env=env)
 
 
 @pytest.fixture(autouse=True)

@@ -173,6 +173,22 @@ def test_fit_answers_for_cards():
     # free memory and the 2000 MiB reserved (about 0.5 GiB). A 4 GiB card is short, 8 GiB is not.
     assert 400 << 20 < d["outside_memory"] < 700 << 20
     assert [c["fits"] for c in d["cards"]] == [False, True]
+    # Cards as the command line takes them, or sizes of any kind.
+    assert s.fit(cards=f"4GiB,{8 << 30}").to_dict() == d
+    assert s.fit(cards=("4GiB", float(8 << 30))).to_dict() == d
+
+
+def test_sizes_are_read_as_the_command_line_reads_them():
+    assert allocsim.parse_size("24GiB") == 24 << 30
+    assert allocsim.parse_size("2e9") == 2_000_000_000
+    # "2GB" is ambiguous (PyTorch prints GiB): refused with both readings.
+    with pytest.raises(ValueError, match="2GiB.*2000000000"):
+        allocsim.parse_size("2GB")
+    s = allocsim.load(FRAG_REL)
+    with pytest.raises(ValueError, match="capacity"):
+        s.replay(capacity="2GB")
+    with pytest.raises(ValueError, match="cards"):
+        s.fit(cards="4GiB,lots")
 
 
 def test_graphs_predicts_other_batch_sizes_from_one_recorded_capture():

@@ -25,7 +25,7 @@ pub mod sweep;
 
 pub use error::Error;
 pub use input::{TraceOptions, parse_config};
-pub use size::parse_size;
+pub use size::{parse_size, parse_sizes};
 
 /// A decoded snapshot and the name the answers call it by (the path given on the command line).
 #[derive(Clone, Copy)]
