@@ -51,15 +51,21 @@ def test_explain_prints_what_the_command_line_prints():
 
 def test_explanation_states_pytorchs_message():
     s = allocsim.load(FRAG_REL)
+    # By default the OOM that ended the run: the last of the three the job recorded.
     x = s.explain()
-    recorded = meta("frag__default__2048M.pickle.gz")["log"][0]["exception"]
-    assert x.request == 300
-    assert x.message == without_nvml(recorded)
+    log = meta("frag__default__2048M.pickle.gz")["log"]
+    assert x.request == 302
+    assert x.message == without_nvml(log[2]["exception"])
     assert x.message in str(x)
     assert x["recorded_oom"] is True
-    # The next OOM, by request number, with its own size in PyTorch's words.
+    # It opens the text: the request, which OOM, the cause, the fix, PyTorch's message.
+    assert str(x).split("\n")[: len(x.verdict)] == x.verdict
+    assert x.verdict[0].startswith("Out of memory at request 302: 1024.00 MiB")
+    assert x.fix["kind"] == "memory"
+    # The first OOM, and any by request number, each with its own size in PyTorch's words.
+    assert s.explain(at="first").message == without_nvml(log[0]["exception"])
     y = s.explain(at=301)
-    assert y.message == without_nvml(meta("frag__default__2048M.pickle.gz")["log"][1]["exception"])
+    assert y.message == without_nvml(log[1]["exception"])
 
 
 def test_explain_without_an_oom():

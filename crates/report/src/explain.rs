@@ -645,3 +645,144 @@ pub fn describe_steps(steps: &[MallocStep], usable_largest: u64) -> Vec<String> 
     }
     out
 }
+
+/// The explained OOM in at most six lines: which request failed (size, call site, where in the
+/// run), which OOM of the trace it is, why in one sentence, the one change that avoids it (checked
+/// by replaying), and PyTorch's message.
+pub fn verdict_lines(x: &Explanation, causes: &[OomCause], own: bool, asked: bool, config: &AllocatorConfig, capacity: Option<u64>, p: &Prepared) -> Vec<String> {
+    let mut lines = Vec::new();
+    let site = x.call_site.as_deref().map_or_else(|| "(no stack recorded)".to_string(), |s| format!("from {s}"));
+    let whereabouts = x.phase.as_ref().map(phase_words).unwrap_or_default();
+    lines.push(format!("Out of memory at request {}: {} {site}{whereabouts}.", x.request, fs(x.orig_size)));
+    let recorded: Vec<&OomCause> = causes.iter().filter(|c| c.recorded_oom).collect();
+    let this = causes.iter().find(|c| c.request == x.request);
+    let survived = recorded.iter().filter(|c| c.survived && c.request != x.request).count();
+    let went_on = this.is_some_and(|c| c.survived);
+    let which = if asked {
+        format!("Request {} as asked{}.", x.request, if x.recorded_oom { "; the trace recorded it as an OOM" } else { "" })
+    } else if own && x.recorded_oom {
+        let n = recorded.len();
+        match (n, went_on) {
+            (1, false) => "The only OOM the trace recorded; the run ended there.".to_string(),
+            (1, true) => "The only OOM the trace recorded; requests follow it: the job went on after it.".to_string(),
+            (_, false) => format!(
+                "The last of {n} OOMs the trace recorded, the one that ended the run; the job went on after {} before it (as code that catches an OOM and retries smaller, or cuDNN trying a smaller workspace, does).",
+                if survived == n - 1 { "every one".to_string() } else { format!("{survived}") }
+            ),
+            (_, true) => format!("The last of {n} OOMs the trace recorded; requests follow each of them: the job went on after every one."),
+        }
+    } else if x.recorded_oom {
+        format!("The trace recorded this request as an OOM too; {} replay runs out of memory {} time{}.", replay_words(config, capacity), causes.len(), plural(causes.len()))
+    } else {
+        format!("The recorded run served this request: under {} the job would have ended here.", replay_words(config, capacity))
+    };
+    lines.push(which);
+    if let Some(c) = &x.cause {
+        lines.push(format!("Cause: {}", cause_sentence(c, x, p)));
+    }
+    if let Some(f) = &x.fix {
+        lines.push(fix_sentence(f, x, capacity));
+    }
+    if let Some(m) = &x.message {
+        // A message under an allowed maximum inferred as an interval shows the value replayed,
+        // which the real message may not have had.
+        match (capacity, p.budget.allowed_low, p.budget.allowed_high) {
+            (None, Some(lo), Some(hi)) if p.budget.allowed_is_interval() && m.contains(" allowed; ") => {
+                lines.push(format!("PyTorch's message (its allowed maximum is inferred, between {} and {}: the value replayed is shown): {m}", fs(lo), fs(hi)))
+            }
+            _ => lines.push(format!("PyTorch's message: {m}")),
+        }
+    }
+    lines
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// "the replay under X" for the settings and budget explained.
+fn replay_words(config: &AllocatorConfig, capacity: Option<u64>) -> String {
+    let conf = if config.source.is_empty() { "the default settings".to_string() } else { config.source.clone() };
+    match capacity {
+        Some(c) => format!("the replay under {conf} with {} allowed,", fs(c)),
+        None => format!("the replay under {conf}"),
+    }
+}
+
+/// ", in iteration i of n (how known), inside a › b" where the trace shows them.
+fn phase_words(ph: &PhaseAt) -> String {
+    use allocsim_phases::Source;
+    let regions = if ph.regions.is_empty() { String::new() } else { format!(", inside {}", ph.regions.join(" › ")) };
+    let iteration = match (&ph.source, ph.iteration) {
+        (Source::Annotation { .. } | Source::Pattern { .. }, Some(i)) if ph.complete => format!(", in iteration {i} of {}", ph.iterations),
+        (Source::Annotation { .. } | Source::Pattern { .. }, Some(_)) => format!(", after the last of {} iterations", ph.iterations),
+        _ => String::new(),
+    };
+    format!("{iteration}{regions}")
+}
+
+/// Why the OOM happened, in one sentence: fragmentation, a larger need than the allowed maximum,
+/// or memory held outside the allocator.
+fn cause_sentence(c: &OomCause, x: &Explanation, p: &Prepared) -> String {
+    let pool = if x.small { "small" } else { "large" };
+    if c.fragmentation {
+        return format!(
+            "fragmentation. {} was reserved but unallocated, yet no free block of {} fit on stream {} in the {pool} pool (the largest there was {}), and the free memory could not be released: live blocks pin it. The live tensors ({}) and this request fit in the {} the allocator could hold.",
+            fs(c.reserved.saturating_sub(c.allocated)),
+            fs(x.rounded_size),
+            x.stream,
+            fs(x.usable_largest_block),
+            fs(c.live),
+            fs(c.room)
+        );
+    }
+    if c.limit == "device_full" {
+        let total_known = p.budget.device_memory.source != allocsim_replay::budget::DeviceMemorySource::Default;
+        let outside = if total_known {
+            format!(" and {} of the device's {} was in use outside PyTorch's allocator (other processes, the CUDA context, libraries)", fs(p.device_memory.saturating_sub(c.room)), fs(p.device_memory))
+        } else {
+            " and the rest was in use outside PyTorch's allocator (other processes, the CUDA context, libraries)".to_string()
+        };
+        return format!(
+            "the device was full. It had {} free{outside}; the allocator could hold {} ({} reserved + {} free), less than the live tensors ({}) and this request ({}) need.",
+            fs(c.device_free),
+            fs(c.room),
+            fs(c.reserved),
+            fs(c.device_free),
+            fs(c.live),
+            fs(x.alloc_size)
+        );
+    }
+    format!(
+        "the job needs more than its allowed maximum. The live tensors ({}) and this request ({}) come to more than the {} allowed (set_per_process_memory_fraction), however the free memory lay.",
+        fs(c.live),
+        fs(x.rounded_size),
+        fs(c.allowed.unwrap_or(c.room))
+    )
+}
+
+/// The one change that avoids the OOM, checked by replaying.
+fn fix_sentence(f: &Fix, x: &Explanation, capacity: Option<u64>) -> String {
+    let served = "this request and every one before it that the recorded run served are served";
+    match f {
+        Fix::Setting { conf, peak_reserved, depends_on_allowed_maximum } => {
+            format!(
+                "Fix (checked by replaying the same requests): PYTORCH_CUDA_ALLOC_CONF={conf} — {served}; peak reserved {}{}.",
+                fs(*peak_reserved),
+                if *depends_on_allowed_maximum { " (for part of the inferred interval of the allowed maximum only)" } else { "" }
+            )
+        }
+        Fix::Memory { needed, had } => {
+            let more = fs(needed.saturating_sub(*had));
+            let device_full = x.cause.as_ref().is_some_and(|c| c.limit == "device_full") && capacity.is_none();
+            let how = if device_full {
+                format!("{} for the allocator ({more} more than it could hold: free that much on the device, or run on a larger one — `allocsim fit --cards`)", fs(*needed))
+            } else {
+                format!("an allowed maximum of {} ({more} more than {})", fs(*needed), fs(*had))
+            };
+            format!("Fix (checked by replaying the same requests): no setting tried helps; {how} — {served}.")
+        }
+        Fix::Nothing => "Fix: none found. No setting tried helps, and no allowed maximum up to the device's memory serves the run.".to_string(),
+    }
+}
+
