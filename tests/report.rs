@@ -36,6 +36,38 @@ fn report_is_self_contained_and_marks_the_ooms() {
     assert!(page.contains("Segments when request 300 ran out of memory"));
     // Hovering a block names its request and call site.
     assert!(page.contains("at gpu/record.py:56 in w_frag"));
+    // It opens with `explain`'s verdict on the same question (the defaults, 2 GiB allowed): the
+    // OOM that ended the run, request 302.
+    let verdict = page.split("<div class=\"verdict\" id=\"verdict\">").nth(1).expect("a verdict").split("</div>").next().unwrap();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/frag__default__2048M.pickle.gz");
+    let snap = read_trace(&path).unwrap();
+    let x = allocsim_commands::explain::explain(
+        allocsim_commands::Trace { name: "frag", snapshot: &snap },
+        None,
+        &allocsim_commands::explain::ExplainOptions { capacity: Some(2 << 30), config: Some(String::new()), ..Default::default() },
+    )
+    .unwrap();
+    let allocsim_commands::explain::ExplainAnswer::Explained(e) = x else { panic!("no explanation") };
+    let lines = allocsim_commands::explain::verdict_lines(&e);
+    assert!(lines[0].starts_with("Out of memory at request 302"), "{lines:?}");
+    let shown: Vec<String> = verdict.split("<p>").skip(1).map(|p| p.trim_end_matches("</p>").replace("&gt;", ">").replace("&lt;", "<").replace("&quot;", "\"").replace("&amp;", "&")).collect();
+    assert_eq!(shown, lines);
+}
+
+/// The legend names only what is drawn: no OOM markers, allowed maximum or pending frees where
+/// the replay has none.
+#[test]
+fn the_legend_names_what_is_drawn() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/unet512__default__0M.pickle.gz");
+    let p = Prepared::new(&read_trace(&path).unwrap(), None, H200, None).unwrap();
+    let page = html::render(&html::build(&p, "unet", &[("defaults".to_string(), AllocatorConfig::default())], None, &p.recorded_placement()));
+    assert!(!page.contains("class=\"oom-marker\""));
+    for absent in ["red triangles", "allowed maximum", "waiting for a cross-stream free", "class=\"verdict\""] {
+        assert!(!page.contains(absent), "{absent}");
+    }
+    // Free blocks are drawn in the colour the legend shows.
+    let legend_free = page.split("■</span> free").next().unwrap().rsplit("color:").next().unwrap().split('"').next().unwrap().to_string();
+    assert!(page.contains(&format!("fill=\"{legend_free}\"")), "free blocks are not drawn in {legend_free}");
 }
 
 fn chromium() -> Option<PathBuf> {

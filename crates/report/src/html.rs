@@ -36,8 +36,12 @@ pub struct Report {
     /// The iterations and regions, measured under the first config (`None`: the trace has neither
     /// more than one iteration nor any region).
     pub phases: Option<Phases>,
+    /// `explain`'s verdict on the first config's OOM that ended the run (empty: no OOM).
+    pub verdict: Vec<String>,
 }
 
+/// A free block in the segment maps.
+const FREE_COLOR: &str = "#ccc";
 const COLORS: [&str; 6] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf"];
 const W: f64 = 960.0;
 const H: f64 = 300.0;
@@ -97,9 +101,20 @@ pub fn build(prepared: &Prepared, title: &str, configs: &[(String, AllocatorConf
         (layout.iterations.len() > 1 || !layout.regions.is_empty())
             .then(|| allocsim_phases::measure(prepared, &layout, &first.config, capacity, placement, 0))
     });
+    // `explain`'s verdict, for the first config as `explain --config` would give it.
+    let verdict = runs
+        .first()
+        .filter(|first| !first.outcome.ooms.is_empty())
+        .and_then(|first| {
+            let x = crate::explain::explain(prepared, &first.config, capacity, placement, crate::explain::At::EndingOom, crate::explain::CANDIDATES)?;
+            let causes = crate::explain::oom_causes(prepared, &first.outcome);
+            let own = prepared.is_own(&first.config, capacity);
+            Some(crate::explain::verdict_lines(&x, &causes, own, false, &first.config, capacity, prepared))
+        })
+        .unwrap_or_default();
     // The allowed maximum drawn: the one given, else the trace's own (inferred).
     let capacity = capacity.or(prepared.budget.capacity());
-    Report { title: title.to_string(), capacity, requests: prepared.program.requests.len() as u32, runs, maps, oom_messages, phases }
+    Report { title: title.to_string(), capacity, requests: prepared.program.requests.len() as u32, runs, maps, oom_messages, phases, verdict }
 }
 
 /// A colour per region name, in order of first appearance.
@@ -133,7 +148,7 @@ fn phase_bands(s: &mut String, ph: &Phases, x: &dyn Fn(u32) -> f64) {
             fs(it.peaks.peak_reserved)
         );
         if labels {
-            let _ = write!(s, r##"<text x="{:.1}" y="19" text-anchor="middle" fill="#999" font-size="9">{}</text>"##, (x0 + x1) / 2.0, it.index);
+            let _ = write!(s, r##"<text x="{:.1}" y="19" text-anchor="middle" fill="#777" font-size="11">{}</text>"##, (x0 + x1) / 2.0, it.index);
         }
     }
     let colors = region_colors(ph);
@@ -289,14 +304,14 @@ fn segment_map(prepared: &Prepared, config: &AllocatorConfig, capacity: Option<u
     segs.sort_by(|x, y| y.total_size.cmp(&x.total_size).then(x.address.cmp(&y.address)));
     let shown = segs.len().min(300);
     let max = segs.iter().map(|s| s.total_size).max().unwrap_or(1) as f64;
-    let row = 9.0;
+    let row = 15.0;
     let h = 20.0 + row * shown as f64 + 20.0;
     let mut s = String::new();
-    let _ = write!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="10" role="img" aria-label="segment map">"#);
+    let _ = write!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12" role="img" aria-label="segment map">"#);
     let width = W - 200.0;
     for (i, seg) in segs.iter().take(shown).enumerate() {
         let y0 = 14.0 + i as f64 * row;
-        let _ = write!(s, r##"<text x="4" y="{:.1}" fill="#333">{:#x} {}</text>"##, y0 + 7.0, seg.address, fs(seg.total_size));
+        let _ = write!(s, r##"<text x="4" y="{:.1}" fill="#333">{:#x} {}</text>"##, y0 + 11.0, seg.address, fs(seg.total_size));
         let mut off = 0u64;
         for &b in &seg.blocks {
             let blk = a.block(b);
@@ -305,7 +320,7 @@ fn segment_map(prepared: &Prepared, config: &AllocatorConfig, capacity: Option<u
             } else if blk.event_count > 0 {
                 ("#ff7f0e", "waiting for a cross-stream free")
             } else {
-                ("#ddd", "free")
+                (FREE_COLOR, "free")
             };
             let x0 = 190.0 + off as f64 / max * width;
             let w = (blk.size as f64 / max * width).max(0.5);
@@ -384,13 +399,21 @@ pub fn render(r: &Report) -> String {
         r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>allocsim report — {}</title><style>
 body{{font-family:sans-serif;margin:24px;color:#222;max-width:1000px}} h1{{font-size:20px}} h2{{font-size:16px;margin-top:28px}}
 table{{border-collapse:collapse;font-size:13px}} td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}} th{{background:#f4f4f4}} td:first-child,th:first-child{{text-align:left}}
-.msg{{font-family:monospace;font-size:12px;background:#fff4f4;border-left:3px solid #c00;padding:6px 10px;white-space:pre-wrap}} .key span{{display:inline-block;width:18px;height:3px;vertical-align:middle;margin:0 4px 0 12px}}
+.msg{{font-family:monospace;font-size:13px;background:#fff4f4;border-left:3px solid #c00;padding:6px 10px;white-space:pre-wrap}}
+.verdict{{font-size:15px;background:#fff8e6;border-left:4px solid #c60;padding:8px 12px;margin:12px 0}} .verdict p{{margin:4px 0}} .key span{{display:inline-block;width:18px;height:3px;vertical-align:middle;margin:0 4px 0 12px}}
 </style></head><body><h1>allocsim report — {}</h1><p>{} requests{}. Replayed through a model of PyTorch 2.11's CUDA caching allocator.</p>"#,
         esc(&r.title),
         esc(&r.title),
         r.requests,
         r.capacity.map_or(String::new(), |c| format!(", allowed maximum {}", fs(c)))
     );
+    if !r.verdict.is_empty() {
+        h.push_str("<div class=\"verdict\" id=\"verdict\">");
+        for line in &r.verdict {
+            let _ = write!(h, "<p>{}</p>", esc(line));
+        }
+        h.push_str("</div>");
+    }
     h.push_str("<table><tr><th>config</th><th>peak reserved</th><th>peak allocated</th><th>utilization</th><th>OOMs</th><th>first OOM</th><th>cudaMalloc/map</th><th>cudaFree/unmap</th></tr>");
     for run in &r.runs {
         let st = &run.outcome.stats;
@@ -413,9 +436,19 @@ table{{border-collapse:collapse;font-size:13px}} td,th{{border:1px solid #ccc;pa
     for (i, run) in r.runs.iter().enumerate() {
         let _ = write!(h, "<span style=\"background:{}\"></span>{}", COLORS[i % COLORS.len()], esc(&run.label));
     }
-    h.push_str(" — solid: reserved, dashed: allocated; red triangles: OOMs; red dashed line: the allowed maximum. Each point is the maximum of its bucket of requests.</p>");
+    h.push_str(" — solid: reserved, dashed: allocated");
+    if r.runs.iter().any(|run| !run.outcome.ooms.is_empty()) {
+        h.push_str("; red triangles: OOMs");
+    }
+    if r.capacity.is_some() {
+        h.push_str("; red dashed line: the allowed maximum");
+    }
+    h.push_str(". Each point is the maximum of its bucket of requests.</p>");
     if let Some(ph) = &r.phases {
-        let _ = write!(h, "<p class=\"key\">Grey bands: iterations ({}).", esc(&source_words(&ph.source)));
+        h.push_str("<p class=\"key\">");
+        if ph.iterations.len() > 1 {
+            let _ = write!(h, "Grey bands: iterations ({}).", esc(&source_words(&ph.source)));
+        }
         for (name, color) in region_colors(ph) {
             let _ = write!(h, "<span style=\"background:{color};height:6px\"></span>{}", esc(name));
         }
@@ -440,7 +473,12 @@ table{{border-collapse:collapse;font-size:13px}} td,th{{border:1px solid #ccc;pa
     h.push_str("<h2>Fragmentation over the run</h2><p>Solid: reserved − allocated. Dotted: largest free block ÷ total free memory (1 = all free memory in one block).</p>");
     h.push_str(&frag_svg(r));
     for (title, svg) in &r.maps {
-        let _ = write!(h, "<h2>{}</h2><p><span style=\"color:#1f77b4\">■</span> allocated <span style=\"color:#ff7f0e\">■</span> waiting for a cross-stream free <span style=\"color:#bbb\">■</span> free. Largest segments first, bars to scale; hover a block for its size, request and call site.</p>", esc(title));
+        let pending = if svg.contains("waiting for a cross-stream free") { "<span style=\"color:#ff7f0e\">■</span> waiting for a cross-stream free " } else { "" };
+        let _ = write!(
+            h,
+            "<h2>{}</h2><p><span style=\"color:#1f77b4\">■</span> allocated {pending}<span style=\"color:{FREE_COLOR}\">■</span> free. Largest segments first, bars to scale; hover a block for its size, request and call site.</p>",
+            esc(title)
+        );
         h.push_str(svg);
     }
     h.push_str("</body></html>\n");
