@@ -54,10 +54,10 @@ fn replay_json_into_a_closed_pipe() {
 #[test]
 fn explain_into_a_closed_pipe() {
     check_quiet(&["explain", FRAG, "--capacity", "2GiB"], 0, 0);
-    // The first line was read (the request that ran out of memory: request 300 is the first
-    // 256 MiB request of the recording, after 300 tensors of 6 MiB), then the reader left.
+    // The first line was read (the OOM that ended the run: request 302, the 1 GiB request after
+    // the 256 and 512 MiB ones the job survived), then the reader left.
     let first = check_quiet(&["explain", FRAG, "--capacity", "2GiB"], 1, 0);
-    assert!(first.starts_with("Request 300: 256.00 MiB"), "{first}");
+    assert!(first.starts_with("Out of memory at request 302: 1024.00 MiB"), "{first}");
 }
 
 #[test]
