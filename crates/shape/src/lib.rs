@@ -11,3 +11,25 @@
 
 pub mod fit;
 pub mod pattern;
+pub mod predict;
+pub mod scale;
+pub mod steps;
+
+pub use scale::{Budget, Question, ScaleAnswer, scale};
+
+/// Why the traces cannot answer the question.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScaleError {
+    /// A question that cannot be asked of these traces (the line says why).
+    Usage(String),
+}
+
+impl std::fmt::Display for ScaleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScaleError::Usage(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for ScaleError {}

@@ -153,7 +153,7 @@ pub fn match_backwards(wanted: usize, candidates: usize, accept: impl Fn(usize, 
 /// length: the band [`align`] searches.
 pub const ALIGN_BAND: usize = 512;
 
-/// Pairs requests of two patterns (`a`, `b`: their keys, in order): pairs `(i, j)` increasing in
+/// Pairs requests of two patterns (`a`, `b`: their keys ([`SlotKey`], or keys across traces), in order): pairs `(i, j)` increasing in
 /// both, of equal keys, the most pairs that `strong(i, j)` accepts (sizes one fit explains) first,
 /// then the most pairs. A strong pair counts as four plain ones, so a plain pair never displaces
 /// a strong one that three plain ones do not outweigh.
@@ -161,7 +161,7 @@ pub const ALIGN_BAND: usize = 512;
 /// The common start and end (equal keys, strong pairs) are paired directly; the rest by dynamic
 /// programming inside a band around the diagonal ([`ALIGN_BAND`] requests beyond the difference
 /// in length), which holds any alignment whose insertions and deletions stay within it.
-pub fn align(a: &[SlotKey], b: &[SlotKey], strong: impl Fn(usize, usize) -> bool) -> Vec<(usize, usize)> {
+pub fn align<K: PartialEq>(a: &[K], b: &[K], strong: impl Fn(usize, usize) -> bool) -> Vec<(usize, usize)> {
     let same = |i: usize, j: usize| a[i] == b[j] && strong(i, j);
     let mut head = 0;
     while head < a.len() && head < b.len() && same(head, head) {
