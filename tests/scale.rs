@@ -233,7 +233,7 @@ fn one_recorded_length_gives_a_range_and_two_traces_learn_together() {
     let (lo, hi) = pair(&p["peak_allocated"]);
     assert!(lo < hi && lo <= peaks[i] && peaks[i] <= hi, "{lo}–{hi} vs {}", peaks[i]);
     assert_eq!(p["exact"], false);
-    let all0 = values_arg(&vec![Some(512); 12]);
+    let all0 = values_arg(&[Some(512); 12]);
     let all1 = values_arg(&seq.iter().map(|&v| Some(v)).collect::<Vec<_>>());
     let after = (i - 1).to_string();
     let v = json(&[

@@ -237,7 +237,7 @@ impl ScaleAnswer {
                 "    {}: {} requests per step at {param} = {} (steps {}): {}",
                 s.id,
                 s.requests,
-                list(&s.values),
+                short(&s.values.iter().map(|v| v.to_string()).collect::<Vec<_>>(), 12),
                 short(&steps, 8),
                 kinds.join(", ")
             )?;
@@ -296,15 +296,19 @@ impl ScaleAnswer {
                 sc.agree, sc.steps
             )?,
             None => {}
-            Some((i, v, p, r)) => writeln!(
+            Some(d) => writeln!(
                 out,
-                "  self-check: the learnt steps give the trace's own peaks back for {}/{}; first difference at step {i} ({param}={v}): allocated {} and reserved {} predicted, {} and {} replayed",
+                "  self-check: the learnt steps give the trace's own peaks back for {}/{}; first difference at step {} ({param}={}): {}, {} and {} replayed",
                 sc.agree,
                 sc.steps,
-                fs(p.0),
-                fs(p.1),
-                fs(r.0),
-                fs(r.1)
+                d.step,
+                d.value,
+                match d.predicted {
+                    Some(p) => format!("allocated {} and reserved {} predicted", fs(p.0), fs(p.1)),
+                    None => "it could not be synthesized".to_string(),
+                },
+                fs(d.replayed.0),
+                fs(d.replayed.1)
             )?,
         }
         Ok(())
@@ -418,8 +422,11 @@ fn prediction_row(p: &Prediction) -> Vec<String> {
 pub fn largest_line(param: &str, l: &Largest) -> String {
     let mut s = format!("largest {param} under {}: ", l.label);
     match (l.value, l.no_oom_up_to) {
-        (Some(v), Some(_)) => {
-            s += &format!("no OOM up to {param}={v} (searched by doubling to {}; {} replays)", l.searched.1, l.replays);
+        (_, Some(v)) => {
+            s += &format!("no OOM found: {param}={v} and every value doubling up to it from the largest recorded one ran ({} replays)", l.replays);
+            if let Some(u) = l.unpredictable.first() {
+                s += &format!("; at {u} a fit gives no positive size, so larger values cannot be synthesized");
+            }
             return s;
         }
         (Some(v), None) => {

@@ -32,7 +32,7 @@ pub enum SizeFit {
 pub enum SizeError {
     /// The fitted size is zero or negative at this value.
     NotPositive(i128),
-    /// The value is too far out for the arithmetic (beyond `i128`).
+    /// The value is too far out for the arithmetic, or the size beyond 64 bits.
     Overflow,
 }
 
@@ -109,7 +109,7 @@ impl SizeFit {
                 line(a.0, a.1, b.1 as i128 - a.1 as i128, (b.0 - a.0) as i128, x)
             }
         };
-        if v <= 0 { Err(SizeError::NotPositive(v)) } else { Ok(v as u64) }
+        if v <= 0 { Err(SizeError::NotPositive(v)) } else { u64::try_from(v).map_err(|_| SizeError::Overflow) }
     }
 
     /// Whether every recorded point lies on the fit (constant, affine or quadratic).
@@ -235,6 +235,7 @@ mod tests {
         assert_eq!(f.at(3), Ok(350));
         assert_eq!(f.at(8), Ok(2400)); // the last segment, extended
         assert_eq!(f.at(0), Err(SizeError::NotPositive(-100)));
+        assert_eq!(f.at(u64::MAX), Err(SizeError::Overflow));
         // Not every point on the parabola through the first, middle and last.
         assert_eq!(SizeFit::from_points(&[(1, 100), (2, 300), (4, 400)]).kind(), "quadratic");
     }

@@ -153,6 +153,10 @@ pub fn match_backwards(wanted: usize, candidates: usize, accept: impl Fn(usize, 
 /// length: the band [`align`] searches.
 pub const ALIGN_BAND: usize = 512;
 
+/// The most cells (requests × band) [`align`]'s dynamic programming fills (64 MiB of scores);
+/// past that only the common start and end are paired.
+pub const ALIGN_MAX_CELLS: usize = 1 << 24;
+
 /// Pairs requests of two patterns (`a`, `b`: their keys ([`SlotKey`], or keys across traces), in order): pairs `(i, j)` increasing in
 /// both, of equal keys, the most pairs that `strong(i, j)` accepts (sizes one fit explains) first,
 /// then the most pairs. A strong pair counts as four plain ones, so a plain pair never displaces
@@ -160,7 +164,8 @@ pub const ALIGN_BAND: usize = 512;
 ///
 /// The common start and end (equal keys, strong pairs) are paired directly; the rest by dynamic
 /// programming inside a band around the diagonal ([`ALIGN_BAND`] requests beyond the difference
-/// in length), which holds any alignment whose insertions and deletions stay within it.
+/// in length), which holds any alignment whose insertions and deletions stay within it; where
+/// that band would hold more than [`ALIGN_MAX_CELLS`] cells, the rest is left unpaired.
 pub fn align<K: PartialEq>(a: &[K], b: &[K], strong: impl Fn(usize, usize) -> bool) -> Vec<(usize, usize)> {
     let same = |i: usize, j: usize| a[i] == b[j] && strong(i, j);
     let mut head = 0;
@@ -173,7 +178,8 @@ pub fn align<K: PartialEq>(a: &[K], b: &[K], strong: impl Fn(usize, usize) -> bo
     }
     let (n, m) = (a.len() - head - tail, b.len() - head - tail);
     let mut pairs: Vec<(usize, usize)> = (0..head).map(|i| (i, i)).collect();
-    if n > 0 && m > 0 {
+    let band_cells = (n + 1).saturating_mul(n.abs_diff(m) + 2 * ALIGN_BAND + 1);
+    if n > 0 && m > 0 && band_cells <= ALIGN_MAX_CELLS {
         // Row i (0..=n) holds columns j in [i + lo, i + hi] ∩ [0, m].
         let lo = -((n.saturating_sub(m) + ALIGN_BAND) as i64);
         let hi = (m.saturating_sub(n) + ALIGN_BAND) as i64;

@@ -126,17 +126,21 @@ pub fn crossing(l: &Learnt, p: &Prepared, step: &Step) -> Vec<(u32, GKey)> {
         .collect()
 }
 
-/// The request of `a`'s step that a [`SRef::Prev`] of structure `s` names: by rank where that
-/// step left as many requests alive as the one the structure was learnt after, else the
-/// request with the same key and rank among those of its key.
-fn prev_request(l: &Learnt, s: usize, idx: u32, a: &After) -> Option<u32> {
-    let pc = &l.structures[s].prev_crossing;
-    if pc.len() == a.crossing.len() {
+/// The request of `a`'s step that a [`SRef::Prev`] (`rank`) of structure `s` names. Of the
+/// structure's steps, the latest whose previous step left as many requests alive as `a`'s step
+/// did gives it by its rank among those; failing that, the latest step gives its key and rank
+/// among those of its key (the first step leaves the weights and the optimizer's state alive
+/// besides its gradients).
+fn prev_request(l: &Learnt, s: usize, rank: u32, a: &After) -> Option<u32> {
+    let steps = &l.structures[s].steps;
+    let info = |i: usize| &l.prev_info[i];
+    if let Some(&i) = steps.iter().rev().find(|&&i| info(i).crossing == a.crossing.len() && (rank as usize) < info(i).freed.len()) {
+        let idx = info(i).freed[rank as usize].0;
         return a.crossing.get(idx as usize).map(|c| c.0);
     }
-    let key = *pc.get(idx as usize)?;
-    let occ = pc[..idx as usize].iter().filter(|&&k| k == key).count();
-    a.crossing.iter().filter(|c| c.1 == key).nth(occ).map(|c| c.0)
+    let &i = steps.iter().rev().find(|&&i| (rank as usize) < info(i).freed.len())?;
+    let (_, key, occ) = info(i).freed[rank as usize];
+    a.crossing.iter().filter(|c| c.1 == key).nth(occ as usize).map(|c| c.0)
 }
 
 /// Replays trace `input`'s program up to the end of `step` (of that trace) under `setting`,
@@ -172,15 +176,24 @@ pub fn size_at(l: &Learnt, s: usize, k: usize, v: u64, bound: Bound) -> Result<u
         let y = f.fits[k].at(x).map_err(|_| SynthError::NotPositive { recorded, value: "none".into() })?;
         let scaled = ((y as u128 * v as u128 + x as u128 / 2) / x as u128).clamp(1, u64::MAX as u128) as u64;
         let (lo, hi) = (y.min(scaled), y.max(scaled));
-        return Ok(if bound == Bound::Low { lo } else { hi });
+        let size = if bound == Bound::Low { lo } else { hi };
+        if size >= allocsim_replay::check::MAX_REQUEST {
+            return Err(SynthError::NotPositive { recorded, value: format!("{size} bytes, beyond any tensor") });
+        }
+        return Ok(size);
     }
-    f.fits[k].at(v).map_err(|e| SynthError::NotPositive {
+    let size = f.fits[k].at(v).map_err(|e| SynthError::NotPositive {
         recorded,
         value: match e {
             SizeError::NotPositive(x) => format!("{x} bytes"),
             SizeError::Overflow => "beyond any size".into(),
         },
-    })
+    })?;
+    // A tensor's byte size is an int64 (the bound a recorded request is checked against).
+    if size >= allocsim_replay::check::MAX_REQUEST {
+        return Err(SynthError::NotPositive { recorded, value: format!("{size} bytes, beyond any tensor") });
+    }
+    Ok(size)
 }
 
 /// Structure `s`'s step at value `v` (requests numbered from `a.base`).
@@ -207,8 +220,8 @@ pub fn synthesize(l: &Learnt, inputs: &[Input<'_>], s: usize, v: u64, bound: Bou
     let mut resolve = |r: SRef| -> Option<Ref0> {
         match r {
             SRef::Local(k) => Some(Ref0::Req(base + k)),
-            SRef::Prev(idx) => {
-                let q = prev_request(l, s, idx, a);
+            SRef::Prev(rank) => {
+                let q = prev_request(l, s, rank, a);
                 if q.is_none() {
                     unmatched += 1;
                 }

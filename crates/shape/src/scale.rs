@@ -116,9 +116,19 @@ pub struct Switch {
 pub struct SelfCheck {
     pub steps: usize,
     pub agree: usize,
-    /// The first that does not: step index, value, predicted and replayed peaks (allocated,
-    /// reserved).
-    pub first_difference: Option<(usize, u64, (u64, u64), (u64, u64))>,
+    /// The first that does not.
+    pub first_difference: Option<Difference>,
+}
+
+/// A recorded step whose learnt replacement peaks otherwise.
+#[derive(Clone, Debug, Serialize)]
+pub struct Difference {
+    pub step: usize,
+    pub value: u64,
+    /// Peak allocated and reserved: predicted (none: it could not be synthesized), and as the
+    /// trace's own replay gives them.
+    pub predicted: Option<(u64, u64)>,
+    pub replayed: (u64, u64),
 }
 
 /// One replay of an asked step.
@@ -170,7 +180,9 @@ pub struct Largest {
     pub optimistic: Option<u64>,
     /// The smallest value found to OOM above `value`.
     pub first_oom_above: Option<u64>,
-    /// No OOM up to this value (the search's limit): `value` is a lower bound.
+    /// No OOM found doubling from the largest recorded value up to this one (the search's limit
+    /// 2^40, or the last value a fit gives sizes at: see `unpredictable`): `value` is a lower
+    /// bound.
     pub no_oom_up_to: Option<u64>,
     /// Ranges of values below `value` that OOM (fragmentation: the answer is not monotone).
     pub non_monotone: Vec<(u64, u64)>,
@@ -347,10 +359,10 @@ fn predict_one<F: Fn(u32) -> Option<String>>(l: &Learnt, inputs: &[Input<'_>], a
         let piecewise: Vec<u64> = f.fits.iter().filter_map(|x| if let SizeFit::Piecewise { deviation, .. } = x { Some(*deviation) } else { None }).collect();
         if !piecewise.is_empty() {
             caveats.push(format!(
-                "{} request{} follow no line or parabola (piecewise; up to {} bytes off the line through the outermost values)",
+                "{} request{} follow no line or parabola (piecewise; up to {} off the line through the outermost values)",
                 piecewise.len(),
                 if piecewise.len() == 1 { "" } else { "s" },
-                piecewise.iter().max().unwrap_or(&0)
+                allocsim_model::format::format_size(*piecewise.iter().max().unwrap_or(&0))
             ));
         }
         let unchecked = (0..f.fits.len()).filter(|&k| f.seen[k].len() > 1 && f.fits[k].is_exact() && !f.fits[k].checked_by(f.seen[k].len())).count();
@@ -394,10 +406,19 @@ fn synth_error(l: &Learnt, inputs: &[Input<'_>], v: u64, e: &SynthError) -> Stri
     }
 }
 
+/// One value tried by [`largest`].
+#[derive(Clone, Copy, Debug)]
+struct Tried {
+    /// Every run replayed without OOM.
+    fits: bool,
+    peak_allocated: u64,
+    peak_reserved: u64,
+}
+
 /// Whether the step at `v` replays without OOM in every run, and the largest peaks; `None` when
 /// it cannot be synthesized. `optimistic`: with the requests seen at one value at their smaller
 /// end only.
-fn try_value(l: &Learnt, inputs: &[Input<'_>], a: &After, v: u64, optimistic: bool) -> Option<(bool, u64, u64)> {
+fn try_value(l: &Learnt, inputs: &[Input<'_>], a: &After, v: u64, optimistic: bool) -> Option<Tried> {
     let (structs, _, _) = structures_for(l, v);
     let (mut ok, mut pa, mut pr) = (true, 0, 0);
     for &s in &structs {
@@ -413,7 +434,7 @@ fn try_value(l: &Learnt, inputs: &[Input<'_>], a: &After, v: u64, optimistic: bo
             pr = pr.max(r.peak_reserved);
         }
     }
-    Some((ok, pa, pr))
+    Some(Tried { fits: ok, peak_allocated: pa, peak_reserved: pr })
 }
 
 /// The largest multiple of `step` whose step replays without OOM under `b`: doubling from the
@@ -435,12 +456,16 @@ fn largest(l: &Learnt, inputs: &[Input<'_>], a: &After, b: &Budget, step: u64, s
     let mut upper = None;
     while v <= limit {
         match try_v(v) {
-            Some((true, ..)) => last_ok = Some(v),
-            Some((false, ..)) => {
+            Some(t) if t.fits => last_ok = Some(v),
+            Some(_) => {
                 upper = Some(v);
                 break;
             }
-            None => unpredictable.push(v),
+            None => {
+                // Past here a fit gives no size: nothing further can be replayed.
+                unpredictable.push(v);
+                break;
+            }
         }
         v = (v * 2).div_ceil(step) * step;
     }
@@ -454,9 +479,9 @@ fn largest(l: &Learnt, inputs: &[Input<'_>], a: &After, b: &Budget, step: u64, s
             peak_reserved: None,
             optimistic: None,
             first_oom_above: None,
-            no_oom_up_to: last_ok,
+            no_oom_up_to: Some(last_ok.unwrap_or(0)),
             non_monotone: Vec::new(),
-            searched: (hi_rec, v / 2),
+            searched: (hi_rec.div_ceil(step) * step, last_ok.unwrap_or(0)),
             replays,
             unpredictable,
         });
@@ -475,25 +500,26 @@ fn largest(l: &Learnt, inputs: &[Input<'_>], a: &After, b: &Budget, step: u64, s
         step *= 2;
     }
     let candidates: Vec<u64> = (1..=upper / step).map(|k| k * step).filter(|&x| x < upper).collect();
-    let results: Vec<(u64, Option<(bool, u64, u64)>)> = candidates.par_iter().map(|&x| (x, try_value(l, inputs, a, x, false))).collect();
+    let results: Vec<(u64, Option<Tried>)> = candidates.par_iter().map(|&x| (x, try_value(l, inputs, a, x, false))).collect();
     replays += results.len();
     for (x, r) in &results {
         if r.is_none() {
             unpredictable.push(*x);
         }
     }
-    let best = results.iter().rev().find(|(_, r)| matches!(r, Some((true, ..))));
+    let oom = |r: &Option<Tried>| r.is_some_and(|t| !t.fits);
+    let best = results.iter().rev().find(|(_, r)| r.is_some_and(|t| t.fits));
     let value = best.map(|b| b.0);
-    let (peak_allocated, peak_reserved) = best.and_then(|b| b.1).map_or((None, None), |(_, pa, pr)| (Some(pa), Some(pr)));
+    let (peak_allocated, peak_reserved) = best.and_then(|b| b.1).map_or((None, None), |t| (Some(t.peak_allocated), Some(t.peak_reserved)));
     let first_oom_above = match value {
-        Some(v) => results.iter().find(|(x, r)| *x > v && matches!(r, Some((false, ..)))).map(|r| r.0).or(Some(upper)),
+        Some(v) => results.iter().find(|(x, r)| *x > v && oom(r)).map(|r| r.0).or(Some(upper)),
         None => Some(upper),
     };
     // Below the answer, the values that OOM, as ranges of consecutive multiples.
     let mut non_monotone: Vec<(u64, u64)> = Vec::new();
     if let Some(v) = value {
         for (x, r) in &results {
-            if *x < v && matches!(r, Some((false, ..))) {
+            if *x < v && oom(r) {
                 match non_monotone.last_mut() {
                     Some(last) if last.1 + step == *x => last.1 = *x,
                     _ => non_monotone.push((*x, *x)),
@@ -502,8 +528,8 @@ fn largest(l: &Learnt, inputs: &[Input<'_>], a: &After, b: &Budget, step: u64, s
         }
     }
     // With the requests seen at one value at their smaller end.
-    let optimistic = if results.iter().any(|(x, _)| (0..1).any(|_| bounds_any(l, *x))) {
-        let opt: Vec<(u64, bool)> = candidates.par_iter().filter_map(|&x| try_value(l, inputs, a, x, true).map(|r| (x, r.0))).collect();
+    let optimistic = if candidates.iter().any(|&x| bounds_any(l, x)) {
+        let opt: Vec<(u64, bool)> = candidates.par_iter().filter_map(|&x| try_value(l, inputs, a, x, true).map(|r| (x, r.fits))).collect();
         replays += opt.len();
         opt.iter().rev().find(|r| r.1).map(|r| r.0).filter(|&o| Some(o) != value)
     } else {
@@ -663,7 +689,7 @@ fn self_check(l: &Learnt, inputs: &[Input<'_>], room: usize) -> SelfCheck {
         if predicted == Some(replayed) {
             out.agree += 1;
         } else if out.first_difference.is_none() {
-            out.first_difference = Some((st.index, v, predicted.unwrap_or((0, 0)), replayed));
+            out.first_difference = Some(Difference { step: st.index, value: v, predicted, replayed });
         }
     }
     out

@@ -93,10 +93,13 @@ pub struct GKey {
 pub enum SRef {
     /// The step's own `k`-th request.
     Local(u32),
-    /// One of the requests the previous step made and left alive at its end (gradients freed at
-    /// the next `zero_grad()`), by its rank among them. (Not by key: the same parameter's
-    /// gradient is made by another kernel, with another stack, where a library switches
-    /// algorithms, as embedding backward does past 3,072 indices.)
+    /// One of the requests the previous step made and left alive at its end that this step
+    /// frees (gradients freed at the next `zero_grad()`), by its rank among those (in the order
+    /// they were made). Not by key, nor by rank among all the previous step left alive: the same
+    /// parameter's gradient is made by another kernel, with another stack, where a library
+    /// switches algorithms (embedding backward past 3,072 indices), and the first step leaves
+    /// the weights and the optimizer's state alive besides. Which requests of the step a
+    /// prediction follows these are: [`PrevInfo`].
     Prev(u32),
     /// Any other earlier request of that trace, by ordinal.
     Abs { trace: u32, q: u32 },
@@ -112,6 +115,15 @@ pub enum SOp {
     EmptyCache,
 }
 
+/// What a step freed of what the step before it left alive: how many that one left alive, and
+/// for each request freed ([`SRef::Prev`]'s rank), its rank among those, its key, and its rank
+/// among those of its key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrevInfo {
+    pub crossing: usize,
+    pub freed: Vec<(u32, GKey, u32)>,
+}
+
 /// Steps that make the same requests (by key) in the same order with the same frees: one
 /// structure, whatever the sizes.
 #[derive(Clone, Debug)]
@@ -121,9 +133,7 @@ pub struct Structure {
     pub steps: Vec<usize>,
     /// The recorded request each slot stands for (trace, ordinal), in its first step.
     pub recorded: Vec<(usize, u32)>,
-    /// The keys of the requests the step before its first step left alive, in order (what
-    /// [`SRef::Prev`] ranks).
-    pub prev_crossing: Vec<GKey>,
+
     /// Per slot: (value, size) in each of its steps.
     pub points: Vec<Vec<(u64, u64)>>,
     /// Slots whose size differed between two steps at one value (the larger is kept).
@@ -147,7 +157,8 @@ pub struct Fitted {
     pub fits: Vec<SizeFit>,
     /// Per slot: the distinct values it was seen at.
     pub seen: Vec<Vec<u64>>,
-    /// Per other structure (by index): the slot of it aligned with each slot of this one.
+    /// Per other structure (by index): the slot of it aligned with each slot of this one (empty
+    /// for the structures not next to this one in value order).
     pub aligned: Vec<Vec<Option<u32>>>,
 }
 
@@ -177,6 +188,8 @@ pub struct Learnt {
     /// Values at which steps of different traces, each the last at it in its trace, differ (the
     /// first trace's is learnt).
     pub ambiguous_values: Vec<u64>,
+    /// Per step: what it freed of what the step before it left alive.
+    pub prev_info: Vec<PrevInfo>,
 }
 
 /// The steps of one trace.
@@ -278,7 +291,6 @@ fn iterations_in_words(l: &Layout) -> String {
 /// A step's ops in cross-trace terms.
 struct StepPattern {
     keys: Vec<GKey>,
-    prev_crossing: Vec<GKey>,
     ops: Vec<SOp>,
     sizes: Vec<u64>,
     recorded: Vec<u32>,
@@ -335,6 +347,7 @@ pub fn learn(param: &str, inputs: &[Input<'_>], steps_per_trace: Vec<(Vec<Step>,
         .collect();
     // Each usable step's pattern.
     let mut patterns: Vec<Option<StepPattern>> = Vec::with_capacity(n);
+    let mut prev_info: Vec<PrevInfo> = vec![PrevInfo::default(); n];
     for (i, st) in steps.iter().enumerate() {
         let usable = if st.value.is_none() {
             Err(Role::NoValue)
@@ -363,19 +376,39 @@ pub fn learn(param: &str, inputs: &[Input<'_>], steps_per_trace: Vec<(Vec<Step>,
         let prev = (i > 0 && steps[i - 1].trace == st.trace && steps[i - 1].ops.1 <= st.ops.0).then(|| i - 1);
         let prog = &p.program;
         let tr = st.trace;
+        // What this step frees of what the previous step left alive, in the order they were made.
+        let mut freed_prev: Vec<u32> = Vec::new();
+        if let Some(pi) = prev {
+            for o in &t.ops {
+                if let TOp::Free { r: Ref::Earlier(q), .. } | TOp::Complete(Ref::Earlier(q)) = *o
+                    && crossing[pi].binary_search(&q).is_ok()
+                {
+                    freed_prev.push(q);
+                }
+            }
+            freed_prev.sort_unstable();
+            freed_prev.dedup();
+            let keys: Vec<GKey> = crossing[pi].iter().map(|&q| gkey(tr, pattern::key(prog, q))).collect();
+            prev_info[i] = PrevInfo {
+                crossing: crossing[pi].len(),
+                freed: freed_prev
+                    .iter()
+                    .map(|q| {
+                        let idx = crossing[pi].binary_search(q).expect("freed from the crossing");
+                        let key = keys[idx];
+                        (idx as u32, key, keys[..idx].iter().filter(|&&k| k == key).count() as u32)
+                    })
+                    .collect(),
+            };
+        }
         let sref = |r: Ref| -> SRef {
             match r {
                 Ref::Local(k) => SRef::Local(k),
                 Ref::Pre(pre) => SRef::Pre { trace: tr as u32, pre },
-                Ref::Earlier(q) => {
-                    if let Some(pi) = prev
-                        && let Ok(pos) = crossing[pi].binary_search(&q)
-                    {
-                        SRef::Prev(pos as u32)
-                    } else {
-                        SRef::Abs { trace: tr as u32, q }
-                    }
-                }
+                Ref::Earlier(q) => match freed_prev.binary_search(&q) {
+                    Ok(rank) => SRef::Prev(rank as u32),
+                    Err(_) => SRef::Abs { trace: tr as u32, q },
+                },
             }
         };
         let ops = t
@@ -390,7 +423,6 @@ pub fn learn(param: &str, inputs: &[Input<'_>], steps_per_trace: Vec<(Vec<Step>,
             .collect();
         patterns.push(Some(StepPattern {
             keys: t.slots.iter().map(|s| gkey(tr, s.key)).collect(),
-            prev_crossing: prev.map_or(Vec::new(), |pi| crossing[pi].iter().map(|&q| gkey(tr, pattern::key(prog, q))).collect()),
             ops,
             sizes: t.slots.iter().map(|s| s.size).collect(),
             recorded: t.slots.iter().map(|s| s.recorded).collect(),
@@ -409,7 +441,6 @@ pub fn learn(param: &str, inputs: &[Input<'_>], steps_per_trace: Vec<(Vec<Step>,
                 ops: pat.ops.clone(),
                 steps: Vec::new(),
                 recorded: pat.recorded.iter().map(|&q| (steps[i].trace, q)).collect(),
-                prev_crossing: pat.prev_crossing.clone(),
                 points: vec![Vec::new(); pat.keys.len()],
                 conflicts: 0,
             });
@@ -518,8 +549,21 @@ pub fn learn(param: &str, inputs: &[Input<'_>], steps_per_trace: Vec<(Vec<Step>,
         *s = new_of[*s];
     }
     let live: Vec<usize> = (0..live.len()).collect();
-    let fitted = (0..structures.len()).map(|s| live.contains(&s).then(|| fit_structure(&structures, s, &live))).collect();
-    Ok(Learnt { param: param.to_string(), from, steps, roles, structures, by_value, fitted, stacks, stack_maps, ambiguous_values })
+    // Structures next to each other in value order (where the structure changes between two
+    // recorded values).
+    let mut neighbours: Vec<Vec<usize>> = vec![Vec::new(); structures.len()];
+    let seq: Vec<usize> = by_value.values().copied().collect();
+    for w in seq.windows(2) {
+        if w[0] != w[1] {
+            for (a, b) in [(w[0], w[1]), (w[1], w[0])] {
+                if !neighbours[a].contains(&b) {
+                    neighbours[a].push(b);
+                }
+            }
+        }
+    }
+    let fitted = (0..structures.len()).map(|s| live.contains(&s).then(|| fit_structure(&structures, s, &neighbours[s]))).collect();
+    Ok(Learnt { param: param.to_string(), from, steps, roles, structures, by_value, fitted, stacks, stack_maps, ambiguous_values, prev_info })
 }
 
 fn describe_nothing_learnt(param: &str, steps: &[Step], roles: &[Role]) -> String {
@@ -536,31 +580,62 @@ fn describe_nothing_learnt(param: &str, steps: &[Step], roles: &[Role]) -> Strin
     )
 }
 
-/// Whether one fit explains both slots' sizes, checked on a value it was not made from.
-fn consistent(a: &[(u64, u64)], b: &[(u64, u64)]) -> bool {
-    let mut u: Vec<(u64, u64)> = Vec::with_capacity(a.len() + b.len());
-    u.extend_from_slice(a);
-    u.extend_from_slice(b);
-    let d = distinct_points(&u);
-    // Two sizes at one value: not one request.
-    if u.iter().any(|&(x, y)| d.iter().any(|&(dx, dy)| dx == x && dy != y)) {
-        return false;
-    }
-    SizeFit::from_points(&d).checked_by(d.len())
+/// One slot's recorded points, for [`consistent`]: one point per value (`None` when it had two
+/// sizes at one value), and their fit.
+struct Own {
+    points: Option<Vec<(u64, u64)>>,
+    fit: SizeFit,
 }
 
-/// The fits of structure `s`: its own points and those of the other live structures' requests
-/// aligned with its own.
-fn fit_structure(structures: &[Structure], s: usize, live: &[usize]) -> Fitted {
+impl Own {
+    fn of(points: &[(u64, u64)]) -> Own {
+        let d = distinct_points(points);
+        let clean = points.iter().all(|&(x, y)| d.binary_search_by_key(&x, |p| p.0).is_ok_and(|k| d[k].1 == y));
+        let fit = SizeFit::from_points(&d);
+        Own { points: clean.then_some(d), fit }
+    }
+
+    fn checked(&self) -> bool {
+        self.points.as_ref().is_some_and(|d| self.fit.checked_by(d.len()))
+    }
+}
+
+/// Whether one exact fit explains two slots' sizes (`a`, `b`: their recorded points), checked on
+/// a value it was not made from. A slot whose own points no exact fit explains cannot be part of
+/// one; a slot whose own fit is checked decides alone (any exact fit through more points agrees
+/// with it on its own); else both have three values at most and the union is fitted.
+fn consistent(a: &Own, b: &Own) -> bool {
+    let (Some(pa), Some(pb)) = (&a.points, &b.points) else { return false };
+    if !a.fit.is_exact() || !b.fit.is_exact() {
+        return false;
+    }
+    let on = |f: &SizeFit, pts: &[(u64, u64)]| pts.iter().all(|&(x, y)| f.at(x) == Ok(y));
+    if a.checked() {
+        return on(&a.fit, pb);
+    }
+    if b.checked() {
+        return on(&b.fit, pa);
+    }
+    let mut u: Vec<(u64, u64)> = pa.iter().chain(pb).copied().collect();
+    u.sort_unstable();
+    u.dedup();
+    if u.windows(2).any(|w| w[0].0 == w[1].0) {
+        return false;
+    }
+    SizeFit::from_points(&u).checked_by(u.len())
+}
+
+/// The fits of structure `s`: its own points and those of the requests aligned with its own in
+/// `neighbours`, the structures next to it in value order (only those: a job whose every value
+/// makes other requests costs two alignments per structure, not one per pair).
+fn fit_structure(structures: &[Structure], s: usize, neighbours: &[usize]) -> Fitted {
     let me = &structures[s];
     let mut points: Vec<Vec<(u64, u64)>> = me.points.clone();
     let mut aligned: Vec<Vec<Option<u32>>> = vec![Vec::new(); structures.len()];
-    for &o in live {
-        if o == s {
-            continue;
-        }
+    for &o in neighbours {
         let other = &structures[o];
-        let pairs = pattern::align(&me.keys, &other.keys, |i, j| consistent(&me.points[i], &other.points[j]));
+        let (mine, theirs): (Vec<Own>, Vec<Own>) = (me.points.iter().map(|p| Own::of(p)).collect(), other.points.iter().map(|p| Own::of(p)).collect());
+        let pairs = pattern::align(&me.keys, &other.keys, |i, j| consistent(&mine[i], &theirs[j]));
         let mut map = vec![None; me.keys.len()];
         for (i, j) in pairs {
             map[i] = Some(j as u32);
