@@ -33,6 +33,9 @@ pub struct ScaleArgs {
     /// The values to predict a step at, e.g. `1024,2048,4096`.
     #[arg(long, value_delimiter = ',')]
     pub predict: Vec<u64>,
+    /// Values whose steps are not learnt from, e.g. to predict a recorded step from the others.
+    #[arg(long, value_delimiter = ',')]
+    pub hold_out: Vec<u64>,
     /// The largest value (a multiple of `--step`) whose step replays without OOM under this
     /// allowed maximum (e.g. `24GiB`); without a size, under the trace's own budget.
     #[arg(long, num_args = 0..=1, value_parser = parse_size)]
@@ -78,6 +81,7 @@ pub fn cmd_scale(a: &ScaleArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
         by: a.by.clone(),
         after: a.after,
         predict: a.predict.clone(),
+        hold_out: a.hold_out.clone(),
         largest_under: a.largest_under.map(|b| b.map_or(LargestUnder::Budget, LargestUnder::Bytes)),
         cards: a.cards.clone(),
         reserve: a.reserve,

@@ -326,6 +326,14 @@ fn annotated_steps_give_what_values_give() {
     assert_eq!(a["traces"][0]["from"]["kind"], "annotations");
     let peaks = u64s(&m["extra"]["step_peaks"]);
     assert_eq!(pair(&a["predictions"][0]["peak_allocated"]), (peaks[4], peaks[4]));
+    // The 512 and 768 steps held out: seq 768 at 2× the largest learnt from, as --values with them
+    // left out gives it, and the job's reading.
+    let h = json(&["scale", out.arg(), "--param", "seq", "--hold-out", "512,768", "--predict", "768", "--after", "3", "--json"]);
+    let masked = values_arg(&seq.iter().map(|&v| (v <= 384).then_some(v)).collect::<Vec<_>>());
+    let c = json(&["scale", &trace("llama_train__default"), "--param", "seq", "--values", &masked, "--predict", "768", "--after", "3", "--json"]);
+    assert_eq!(h["predictions"], c["predictions"]);
+    assert_eq!(pair(&h["predictions"][0]["peak_allocated"]), (peaks[4], peaks[4]));
+    assert!(h["traces"][0]["steps"].as_array().unwrap().iter().any(|s| s["role"]["kind"] == "held_out"));
     // Without the annotations and without --values: said, with what the trace has.
     user_error(
         &["scale", &trace("llama_train__default"), "--param", "seq", "--predict", "768"],

@@ -12,6 +12,14 @@ give it (`segment_alloc`/`segment_free`/`segment_map`/`segment_unmap` entries: w
 asked the driver for, recorded, not replayed).
 
     python3 tools/scale_exactness.py --bin target/release/allocsim [--json out.json]
+    python3 tools/scale_exactness.py --recordings DIR [--bin …]
+
+`--recordings DIR` reads what tools/record_scale.py wrote instead: each run's last step (the larger
+one) is predicted after the step before it, learnt from the run's other steps (their
+`record_function("PARAM=VALUE")` regions; the last step's value held out), and compared with the
+`max_memory_allocated()` and `max_memory_reserved()` the job read after it (or, where it ran out of
+memory, with PyTorch's message); each search's largest value with the one `allocsim scale
+--largest-under` finds on its prefix recording.
 
 Recordings without readings for every step (a step cut short by an OOM) are compared where they
 have them. Iterations are the optimizer's steps (`Optimizer.step#…` annotations), as `phases` and
@@ -116,11 +124,70 @@ def run(binary: str, path: str, values: List[Optional[int]], predict: int, after
     return json.loads(r.stdout)
 
 
+def figures(msg: str) -> str:
+    """An OOM message's figures a replay can know: the request, the allowed maximum, the
+    allocated and the reserved-but-unallocated bytes (not the device's free memory or NVML's line)."""
+    return msg[msg.index("Tried"):msg.index(" GPU")] + " … " + msg[msg.index("Of the allocated"):msg.index(" If reserved")]
+
+
+def recordings_main(a: argparse.Namespace) -> int:
+    import glob
+    import os
+
+    n = exact_a = exact_r = 0
+    worst = 0.0
+    for path in sorted(glob.glob(os.path.join(a.recordings, "*.json"))):
+        with open(path) as f:
+            m = json.load(f)
+        base = path[: -len(".json")]
+        if "tried" in m:  # a search
+            prefix = base + "__prefix.pickle.gz"
+            with open(base + "__prefix.json") as f:
+                cap = json.load(f)["cap_bytes"]
+            r = subprocess.run([a.bin, "scale", prefix, "--param", m["param"], "--largest-under", str(cap), "--step", str(m["step"]), "--json"], capture_output=True, text=True)
+            if r.returncode:
+                print(f"{os.path.basename(base)}: error: {r.stderr.strip()}")
+                continue
+            got = json.loads(r.stdout)["largest"][0]
+            print(f"{os.path.basename(base)}: largest {m['param']} by running {m['largest']} (not monotone at {m['non_monotone']}), "
+                  f"by allocsim {got['value']} (not monotone at {got['non_monotone']}) {'=' if got['value'] == m['largest'] else 'DIFF'}")
+            continue
+        x = m.get("extra") or {}
+        if x.get("big_index") is None or not os.path.exists(base + ".pickle.gz"):
+            continue
+        k = x["big_index"]
+        v = x["values"][k]
+        r = subprocess.run([a.bin, "scale", base + ".pickle.gz", "--param", x["param"], "--hold-out", str(v), "--predict", str(v), "--after", str(k - 1), "--json"], capture_output=True, text=True)
+        if r.returncode:
+            print(f"{os.path.basename(base)}: error: {r.stderr.strip()}")
+            continue
+        p = json.loads(r.stdout)["predictions"][0]
+        lo, hi = p["peak_allocated"]
+        rlo, rhi = p["peak_reserved"]
+        ra, rr = x["step_peaks"][k], x["step_peaks_reserved"][k]
+        n += 1
+        exact_a += lo == hi == ra
+        exact_r += rlo == rhi == rr
+        worst = max(worst, abs(lo - ra) / ra, abs(hi - ra) / ra, abs(rlo - rr) / rr, abs(rhi - rr) / rr)
+        oom = next((e["oom"] for e in m["log"] if e["step"] == k), None)
+        oom_word = ""
+        if oom:
+            same = all(run["oom"] and figures(run["oom"]["message"]) == figures(oom) for run in p["runs"])
+            oom_word = f", OOM {'as recorded' if same else 'DIFF'}"
+        print(f"{os.path.basename(base)}: {x['param']}={v} from {sorted(set(x['values'][:k]))}: allocated {lo}–{hi} vs {ra}, reserved {rlo}–{rhi} vs {rr}{oom_word}"
+              + (" (range)" if lo != hi or rlo != rhi else ""))
+    print(f"{n} larger steps: peak allocated to the byte in {exact_a}, peak reserved in {exact_r}; worst relative error {worst:.4%}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default="target/release/allocsim")
     ap.add_argument("--json", help="write every comparison here")
+    ap.add_argument("--recordings", help="a directory tools/record_scale.py wrote")
     a = ap.parse_args()
+    if a.recordings:
+        return recordings_main(a)
     rows = []
     for path in RECORDINGS:
         snap, m = load(path), meta(path)
@@ -192,7 +259,6 @@ def main() -> int:
         word = lambda ok, inside: "=" if ok else ("in range" if inside else "DIFF")
         oom = ""
         if r.get("reading_oom"):
-            figures = lambda msg: msg[msg.index("Tried"):msg.index(" GPU")] + " … " + msg[msg.index("Of the allocated"):msg.index(" If reserved")]
             same = all(o is not None and figures(o) == figures(r["reading_oom"]) for o in r["ooms"])
             oom = f", OOM {'as recorded' if same else 'DIFF'} ({figures(r['reading_oom'])})"
         print(

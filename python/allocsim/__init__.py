@@ -150,6 +150,7 @@ def scale(
     predict: Optional[Sequence[int]] = None,
     *,
     values: Optional[Sequence[Any]] = None,
+    hold_out: Optional[Sequence[int]] = None,
     after: Optional[int] = None,
     largest_under: Union[Size, bool] = None,
     cards: Optional[Sequence[Size]] = None,
@@ -170,7 +171,8 @@ def scale(
     ``record_function("PARAM=VALUE")`` region (``allocsim.torch.step(seq=L)``), unless ``values``
     gives the value of each iteration of the ``phases`` layout: a list for one trace, a list of
     lists for several (``None`` for an iteration not told). ``predict``: the values to predict a
-    step at, after step ``after`` (default: the last). ``largest_under``: an allowed maximum to find
+    step at, after step ``after`` (default: the last); steps at the values of ``hold_out`` are
+    not learnt from. ``largest_under``: an allowed maximum to find
     the largest value under (``True``: the trace's own budget); ``cards``: the same on each card."""
     items = list(traces) if isinstance(traces, (list, tuple)) else [traces]
     if not items:
@@ -189,6 +191,7 @@ def scale(
         param,
         per_trace,
         [int(v) for v in (predict or [])],
+        [int(v) for v in (hold_out or [])],
         after,
         under,
         budget,
@@ -412,6 +415,7 @@ class Snapshot:
         predict: Optional[Sequence[int]] = None,
         *,
         values: Optional[Sequence[Any]] = None,
+        hold_out: Optional[Sequence[int]] = None,
         after: Optional[int] = None,
         largest_under: Union[Size, bool] = None,
         cards: Optional[Sequence[Size]] = None,
@@ -431,6 +435,7 @@ class Snapshot:
             param,
             predict,
             values=None if values is None else [list(values)],
+            hold_out=hold_out,
             after=after,
             largest_under=largest_under,
             cards=cards,

@@ -325,7 +325,7 @@ fn replay_file(
 /// steps follow): `values` one list per snapshot (or none: the `PARAM=VALUE` annotations);
 /// `largest_under` an allowed maximum, or `largest_under_budget` the first trace's own budget.
 #[pyfunction]
-#[pyo3(signature = (snapshots, param, values = Vec::new(), predict = Vec::new(), after = None, largest_under = None, largest_under_budget = false, cards = Vec::new(), reserve = None, step = None, config = None, capacity = None, by = None, device = None, device_memory = None, trace_capacity = None))]
+#[pyo3(signature = (snapshots, param, values = Vec::new(), predict = Vec::new(), hold_out = Vec::new(), after = None, largest_under = None, largest_under_budget = false, cards = Vec::new(), reserve = None, step = None, config = None, capacity = None, by = None, device = None, device_memory = None, trace_capacity = None))]
 #[allow(clippy::too_many_arguments)]
 fn scale(
     py: Python<'_>,
@@ -333,6 +333,7 @@ fn scale(
     param: String,
     values: Vec<Vec<Option<u64>>>,
     predict: Vec<u64>,
+    hold_out: Vec<u64>,
     after: Option<usize>,
     largest_under: Option<u64>,
     largest_under_budget: bool,
@@ -359,6 +360,7 @@ fn scale(
         by,
         after,
         predict,
+        hold_out,
         largest_under,
         cards,
         reserve,

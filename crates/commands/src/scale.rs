@@ -38,6 +38,8 @@ pub struct ScaleOptions {
     /// The step of the first trace whose end state the asked steps follow (default: its last).
     pub after: Option<usize>,
     pub predict: Vec<u64>,
+    /// Values whose steps are not learnt from (to check a prediction against them).
+    pub hold_out: Vec<u64>,
     pub largest_under: Option<LargestUnder>,
     /// Cards to find the largest value on (bytes each).
     pub cards: Vec<u64>,
@@ -145,7 +147,7 @@ pub fn scale(traces: &[Trace<'_>], a: &ScaleOptions) -> Result<ScaleAnswer, Erro
             });
         }
     }
-    let q = Question { param: &a.param, by: a.by.as_deref(), after: a.after, predict: &a.predict, setting, largest, step: a.step };
+    let q = Question { param: &a.param, by: a.by.as_deref(), after: a.after, predict: &a.predict, hold_out: &a.hold_out, setting, largest, step: a.step };
     let found = allocsim_shape::scale(&inputs, &q).map_err(|e| Error::Usage(e.to_string()))?;
     let conf = if config.source.is_empty() { "the defaults".to_string() } else { config.source.clone() };
     let budget = match limits.capacity {
@@ -205,6 +207,7 @@ impl ScaleAnswer {
                 let v = s.value.map_or("no value".to_string(), |v| format!("{param}={v}"));
                 let why = match s.role {
                     Role::Learnt { .. } | Role::NoValue => continue,
+                    Role::HeldOut => "held out; not learnt from".to_string(),
                     Role::First { more_requests } => format!(
                         "the first step ({} requests, {} more than the later steps make: setup, the optimizer's state); not learnt from",
                         s.requests, more_requests

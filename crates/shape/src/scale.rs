@@ -21,6 +21,8 @@ pub struct Question<'a> {
     /// complete one).
     pub after: Option<usize>,
     pub predict: &'a [u64],
+    /// Values whose steps are not learnt from (to check a prediction against them).
+    pub hold_out: &'a [u64],
     /// How the asked steps are replayed.
     pub setting: Setting,
     /// Budgets to find the largest value under.
@@ -233,7 +235,7 @@ pub fn scale(inputs: &[Input<'_>], q: &Question<'_>) -> Result<ScaleAnswer, Scal
     for (t, inp) in inputs.iter().enumerate() {
         per_trace.push(find_steps(inp, t, q.param, q.by)?);
     }
-    let l = learn(q.param, inputs, per_trace)?;
+    let l = learn(q.param, inputs, per_trace, q.hold_out)?;
     // The step the asked ones follow.
     let first: Vec<usize> = (0..l.steps.len()).filter(|&i| l.steps[i].trace == 0).collect();
     let k = match q.after {

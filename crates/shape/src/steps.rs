@@ -70,6 +70,8 @@ pub enum Role {
     Superseded { by: usize },
     /// No value given for it.
     NoValue,
+    /// Its value was held out (`--hold-out`): not learnt from.
+    HeldOut,
     /// Cut off by the trace's start or end.
     Incomplete,
     /// Cut short by a recorded OOM.
@@ -296,8 +298,9 @@ struct StepPattern {
     recorded: Vec<u32>,
 }
 
-/// Learns how each request of the steps follows the value. `inputs` and `steps` are per trace.
-pub fn learn(param: &str, inputs: &[Input<'_>], steps_per_trace: Vec<(Vec<Step>, StepsFrom)>) -> Result<Learnt, ScaleError> {
+/// Learns how each request of the steps follows the value; steps at a value of `hold_out` are
+/// not learnt from.
+pub fn learn(param: &str, inputs: &[Input<'_>], steps_per_trace: Vec<(Vec<Step>, StepsFrom)>, hold_out: &[u64]) -> Result<Learnt, ScaleError> {
     // Stacks by content, across traces.
     let mut stacks: Vec<Vec<Frame>> = Vec::new();
     let mut ids: HashMap<Vec<Frame>, u32> = HashMap::new();
@@ -351,6 +354,8 @@ pub fn learn(param: &str, inputs: &[Input<'_>], steps_per_trace: Vec<(Vec<Step>,
     for (i, st) in steps.iter().enumerate() {
         let usable = if st.value.is_none() {
             Err(Role::NoValue)
+        } else if st.value.is_some_and(|v| hold_out.contains(&v)) {
+            Err(Role::HeldOut)
         } else if !st.complete {
             Err(Role::Incomplete)
         } else if st.recorded_oom {
@@ -570,9 +575,10 @@ fn describe_nothing_learnt(param: &str, steps: &[Step], roles: &[Role]) -> Strin
     let count = |f: &dyn Fn(&Role) -> bool| roles.iter().filter(|r| f(r)).count();
     let with_value = steps.iter().filter(|s| s.value.is_some()).count();
     format!(
-        "no step to learn from: {} step{} found, {with_value} with a value of {param}; {} cut short by a recorded OOM, {} cut off by the trace's start or end, {} the first step (whose requests no later step repeats), {} unusable",
+        "no step to learn from: {} step{} found, {with_value} with a value of {param}; {} held out, {} cut short by a recorded OOM, {} cut off by the trace's start or end, {} the first step (whose requests no later step repeats), {} unusable",
         steps.len(),
         if steps.len() == 1 { "" } else { "s" },
+        count(&|r| matches!(r, Role::HeldOut)),
         count(&|r| matches!(r, Role::RecordedOom)),
         count(&|r| matches!(r, Role::Incomplete)),
         count(&|r| matches!(r, Role::First { .. })),
