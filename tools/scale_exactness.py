@@ -244,7 +244,7 @@ def main() -> int:
         r_ok = rr is not None and rlo == rhi == rr
         a_in = lo <= ra <= hi
         r_in = rr is not None and rlo <= rr <= rhi
-        if r["ranged"]:
+        if lo != hi or (rr is not None and rlo != rhi):
             ranged["n"] += 1
             ranged["alloc_in"] += a_in
             ranged["res_in"] += r_in
@@ -255,6 +255,7 @@ def main() -> int:
             point["alloc"] += a_ok
             point["res"] += r_ok
             point["res_n"] += rr is not None
+            point["oom"] = point.get("oom", 0) + bool(r.get("reading_oom"))
             point["worst"] = max(point["worst"], abs(lo - ra) / ra, abs(rlo - rr) / rr if rr else 0.0)
         word = lambda ok, inside: "=" if ok else ("in range" if inside else "DIFF")
         oom = ""
@@ -269,11 +270,11 @@ def main() -> int:
             + (" (range: requests seen at one value)" if r["ranged"] else "")
         )
     print(
-        f"{point['n']} point predictions: peak allocated to the byte in {point['alloc']}, peak reserved in {point['res']} of {point['res_n']}; "
-        f"worst relative error {point['worst']:.4%}"
+        f"{point['n']} predictions of one figure: peak allocated to the byte in {point['alloc']}, peak reserved in {point['res']} of {point['res_n']} "
+        f"(the others ran out of memory: {point.get('oom', 0)}); worst relative error {point['worst']:.4%}"
     )
     print(
-        f"{ranged['n']} ranges (requests seen at one value): the reading inside for peak allocated in {ranged['alloc_in']}, "
+        f"{ranged['n']} ranges (requests seen at one value, at both ends of their range): the reading inside for peak allocated in {ranged['alloc_in']}, "
         f"peak reserved in {ranged['res_in']} of {ranged['res_n']}; widest range {ranged['widest']:.1%} of the reading"
     )
     if a.json:
