@@ -44,6 +44,10 @@ pub struct Budget {
 /// Candidates [`largest`] replays at most (past that, a larger step is needed).
 pub const MAX_CANDIDATES: u64 = 4096;
 
+/// The largest shape value taken (2^40: a trillion tokens, pixels or samples): also the limit of
+/// [`largest`]'s doubling, so that no arithmetic on values overflows.
+pub const MAX_VALUE: u64 = 1 << 40;
+
 /// The steps of one trace, as used.
 #[derive(Clone, Debug, Serialize)]
 pub struct TraceSteps {
@@ -230,6 +234,11 @@ pub fn scale(inputs: &[Input<'_>], q: &Question<'_>) -> Result<ScaleAnswer, Scal
     }
     if q.step == Some(0) {
         return Err(ScaleError::Usage("--step 0: the step is at least 1".into()));
+    }
+    for (what, v) in q.predict.iter().map(|&v| ("--predict", v)).chain(q.step.map(|s| ("--step", s))) {
+        if v > MAX_VALUE {
+            return Err(ScaleError::Usage(format!("{what} {v}: shape values are at most 2^40 ({MAX_VALUE})")));
+        }
     }
     let mut per_trace = Vec::with_capacity(inputs.len());
     for (t, inp) in inputs.iter().enumerate() {
@@ -452,7 +461,7 @@ fn largest(l: &Learnt, inputs: &[Input<'_>], a: &After, b: &Budget, step: u64, s
         try_value(l, inputs, a, v, false)
     };
     // Doubling to the first OOM.
-    let limit = 1u64 << 40;
+    let limit = MAX_VALUE;
     let mut v = hi_rec.div_ceil(step) * step;
     let mut last_ok = None;
     let mut upper = None;

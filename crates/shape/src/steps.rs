@@ -214,6 +214,12 @@ pub fn find_steps(input: &Input<'_>, trace: usize, param: &str, by: Option<&str>
                         input.name, r.name
                     ))
                 })?;
+                if value == 0 || value > crate::scale::MAX_VALUE {
+                    return Err(ScaleError::Usage(format!(
+                        "{}: the region {:?} gives {param} as {value}: shape values are 1 to 2^40",
+                        input.name, r.name
+                    )));
+                }
                 // A region inside another of the same parameter is part of that step.
                 if r.span.start_entry < last_end {
                     continue;
@@ -263,6 +269,9 @@ pub fn find_steps(input: &Input<'_>, trace: usize, param: &str, by: Option<&str>
                     if n == 1 { "" } else { "s" },
                     iterations_in_words(&layout)
                 )));
+            }
+            if let Some(v) = values.iter().flatten().find(|&&v| v == 0 || v > crate::scale::MAX_VALUE) {
+                return Err(ScaleError::Usage(format!("{}: --values {v}: shape values are 1 to 2^40", input.name)));
             }
             for it in &layout.iterations {
                 let requests = (it.span.request_start, it.span.request_end);
