@@ -6,7 +6,7 @@ step at a larger shape, each run in a fresh process; and a real search for the l
     python3 tools/record_scale.py run WORKLOAD OUT_PREFIX --prefix 128,256,… --big 2048
                                   [--conf STR] [--cap-mib N] [--stacks python|all] [--no-snapshot]
     python3 tools/record_scale.py plan OUT_DIR [--group lm|cnn|infer|one|all] [--dry-run]
-    python3 tools/record_scale.py search OUT_DIR [--workload lm_seq] [--cap-mib 6144] [--step 128]
+    python3 tools/record_scale.py search OUT_DIR [--workload lm_seq] [--cap-mib 12288] [--step 128]
                                   [--max 8192] [--conf STR]
 
 `run` is one recording, in this process: the history is turned on after the process's first CUDA
@@ -25,7 +25,8 @@ Workloads (`WORKLOAD`, PARAM in brackets):
 * `lm_seq` [seq]: HF Llama (6 layers, hidden 768, vocab 32000), AdamW, batch 8, by sequence length.
   Past 3,072 indices (8 × 384) embedding backward takes its sort-based path with buffers of its
   own: the default prefix records 512 and 640 above it as well as 128–384 below.
-* `lm_batch` [batch]: the same model at sequence length 256, by batch size.
+* `lm_batch` [batch]: the same model at sequence length 256, by batch size (the default prefix
+  again both sides of embedding backward's switch: 14 × 256 and 16 × 256 indices are past it).
 * `cnn` [side]: a ResNet-style CNN (plain torch: conv, batch norm, ReLU, residual blocks; cuDNN
   picks its algorithms and workspaces by shape), SGD with momentum, batch 16, by image side.
 * `infer` [batch]: the `lm_seq` model in eval mode under `no_grad`, one forward at sequence length
@@ -65,7 +66,7 @@ MiB = 1 << 20
 
 DEFAULT_PREFIX = {
     "lm_seq": [128, 256, 384, 512, 640, 128, 256, 384, 512, 640],
-    "lm_batch": [2, 4, 6, 8, 2, 4, 6, 8],
+    "lm_batch": [2, 4, 8, 14, 16, 2, 4, 8, 14, 16],
     "cnn": [64, 96, 128, 160, 64, 96, 128, 160],
     "infer": [1, 2, 4, 8, 1, 2, 4, 8],
 }
@@ -363,7 +364,7 @@ def main():
     s = sub.add_parser("search", help="the largest value under a cap, by running each in a fresh process")
     s.add_argument("out_dir")
     s.add_argument("--workload", default="lm_seq", choices=sorted(PARAM))
-    s.add_argument("--cap-mib", type=int, default=6144)
+    s.add_argument("--cap-mib", type=int, default=12288)
     s.add_argument("--step", type=int, default=128)
     s.add_argument("--max", type=int, default=8192)
     s.add_argument("--prefix")

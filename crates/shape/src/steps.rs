@@ -448,26 +448,18 @@ pub fn learn(param: &str, inputs: &[Input<'_>], steps_per_trace: Vec<(Vec<Step>,
     let mut structure_of: Vec<Option<usize>> = vec![None; n];
     for (i, pat) in patterns.iter().enumerate() {
         let Some(pat) = pat else { continue };
-        let v = steps[i].value.expect("a usable step has a value");
         let s = *index.entry((pat.keys.clone(), pat.ops.clone())).or_insert_with(|| {
             structures.push(Structure {
                 keys: pat.keys.clone(),
                 ops: pat.ops.clone(),
                 steps: Vec::new(),
                 recorded: pat.recorded.iter().map(|&q| (steps[i].trace, q)).collect(),
-                points: vec![Vec::new(); pat.keys.len()],
+                points: Vec::new(),
                 conflicts: 0,
             });
             structures.len() - 1
         });
-        let st = &mut structures[s];
-        st.steps.push(i);
-        for (k, &size) in pat.sizes.iter().enumerate() {
-            if st.points[k].iter().any(|&(x, y)| x == v && y != size) {
-                st.conflicts += 1;
-            }
-            st.points[k].push((v, size));
-        }
+        structures[s].steps.push(i);
         structure_of[i] = Some(s);
         roles[i] = Role::Learnt { structure: s };
     }
@@ -518,15 +510,18 @@ pub fn learn(param: &str, inputs: &[Input<'_>], steps_per_trace: Vec<(Vec<Step>,
     // Keep only the steps each structure is learnt from.
     for (s, st) in structures.iter_mut().enumerate() {
         st.steps.retain(|&i| structure_of[i] == Some(s));
-        let mut pts = vec![Vec::new(); st.keys.len()];
+        let mut pts: Vec<Vec<(u64, u64)>> = vec![Vec::new(); st.keys.len()];
+        let mut conflicts = vec![false; st.keys.len()];
         for &i in &st.steps {
             let pat = patterns[i].as_ref().expect("pattern");
             let v = steps[i].value.expect("value");
             for (k, &size) in pat.sizes.iter().enumerate() {
+                conflicts[k] |= pts[k].iter().any(|&(x, y)| x == v && y != size);
                 pts[k].push((v, size));
             }
         }
         st.points = pts;
+        st.conflicts = conflicts.iter().filter(|&&c| c).count() as u32;
     }
     for (i, _) in first_steps {
         let v = steps[i].value.expect("value");
