@@ -311,6 +311,9 @@ def test_scale_predicts_a_step_at_twice_the_lengths_learnt_from():
     assert allocsim.scale(path, "seq", [768], values=values, after=i - 1).to_dict() == r.to_dict()
     two = allocsim.scale([path, s], "seq", [768], values=[values, values], after=i - 1)
     assert two.predictions[0]["peak_allocated"] == [m["step_peaks"][i]] * 2
+    # Every value given, the 512 and 768 steps held out: the same answer.
+    held = s.scale("seq", [768], values=seq, hold_out=[512, 768], after=i - 1)
+    assert held.predictions == r.predictions
     with pytest.raises(ValueError, match="no record_function regions named seq=VALUE"):
         s.scale("seq", [768])
     with pytest.raises(ValueError, match="not a shape value"):
