@@ -416,7 +416,8 @@ fn prediction_row(p: &Prediction) -> Vec<String> {
         notes.push(format!("switch between {a} and {b}"));
     }
     if p.runs.iter().any(|r| r.bound != Bound::Fitted) {
-        notes.push("range: requests seen at one value".into());
+        let same = p.peak_allocated.0 == p.peak_allocated.1 && p.peak_reserved.0 == p.peak_reserved.1;
+        notes.push(if same { "requests seen at one value: the same at both ends" } else { "range: requests seen at one value" }.into());
     }
     vec![p.value.to_string(), range(p.peak_allocated.0, p.peak_allocated.1), range(p.peak_reserved.0, p.peak_reserved.1), new, oom, notes.join("; ")]
 }
