@@ -127,6 +127,10 @@ enum Command {
     /// What capturing CUDA graphs for other batch sizes into one shared pool would reserve,
     /// learnt from a trace that captured a few (`--captured`) and replayed (`--batches`).
     Graphs(crate::graphs_cmd::GraphsArgs),
+    /// Will it fit? A training or inference step at a shape never run (`--predict`), learnt from
+    /// recorded steps at other shapes (`record_function("NAME=VALUE")` regions, or `--values`),
+    /// and the largest shape a budget holds (`--largest-under`, `--cards`), by replay.
+    Scale(crate::scale_cmd::ScaleArgs),
     /// Runs side by side: two runs of the same requests (where reserved memory diverges, and
     /// why), or the ranks of one job (a directory, a glob or several files: which rank spiked or
     /// ran out of memory first, in which iteration).
@@ -225,6 +229,7 @@ fn execute(command: Command, io: &mut Io<'_>) -> i32 {
         Command::Fit(a) => crate::whatif_cmds::cmd_fit(&a, io),
         Command::Phases(a) => crate::phases_cmd::cmd_phases(&a, io),
         Command::Graphs(a) => crate::graphs_cmd::cmd_graphs(&a, io),
+        Command::Scale(a) => crate::scale_cmd::cmd_scale(&a, io),
         Command::Compare(a) => crate::whatif_cmds::cmd_compare(&a, io),
         Command::Synth(a) => crate::synth_cmd::cmd_synth(&a, io),
     };

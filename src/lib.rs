@@ -10,6 +10,7 @@ pub mod output;
 pub mod phases_cmd;
 pub mod ranks_cmd;
 pub mod report_cmd;
+pub mod scale_cmd;
 pub use allocsim_commands::size;
 pub mod synth_cmd;
 pub mod whatif_cmds;

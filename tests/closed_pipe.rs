@@ -112,7 +112,7 @@ fn in_process_run_writes_what_the_binary_prints() {
 }
 
 #[test]
-fn phases_fit_compare_and_graphs_into_a_closed_pipe() {
+fn phases_fit_compare_graphs_and_scale_into_a_closed_pipe() {
     let llama = "traces/field/llama_train__default.pickle.gz";
     check_quiet(&["phases", llama], 0, 0);
     check_quiet(&["phases", llama, "--json"], 0, 0);
@@ -124,6 +124,9 @@ fn phases_fit_compare_and_graphs_into_a_closed_pipe() {
     let capture = "traces/field/capture_a__default.pickle.gz";
     check_quiet(&["graphs", capture, "--captured", "256,128,64,32,16,8,4,2,1"], 0, 0);
     check_quiet(&["graphs", capture, "--captured", "256,128,64,32,16,8,4,2,1", "--batches", "512,8", "--json"], 0, 0);
+    let values = "512,512,128,384,768,512,512,384,512,384,768,256,768,256,384,256";
+    check_quiet(&["scale", llama, "--param", "seq", "--values", values, "--predict", "1024,2048", "--largest-under", "16GiB"], 0, 0);
+    check_quiet(&["scale", llama, "--param", "seq", "--values", values, "--predict", "1024", "--json"], 0, 0);
 }
 
 /// `report` and `export` write their file and say so on stderr: a closed stderr ends them

@@ -28,6 +28,7 @@ from ._results import (
     GraphsResult,
     PhasesResult,
     ReplayResult,
+    ScaleResult,
     SweepResult,
     ValidateResult,
 )
@@ -35,6 +36,7 @@ from ._results import (
 __all__ = [
     "load",
     "replay",
+    "scale",
     "Snapshot",
     "Error",
     "TraceError",
@@ -48,6 +50,7 @@ __all__ = [
     "FitResult",
     "GraphsResult",
     "PhasesResult",
+    "ScaleResult",
 ]
 
 __version__ = _allocsim.VERSION
@@ -157,6 +160,88 @@ def replay(
         os.fspath(addresses_from) if addresses_from is not None else None,
     )
     return ReplayResult(*r)
+
+
+Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Dict[str, Any], "Snapshot"]
+
+
+def _value_list(vs: Iterable[Any], what: str) -> list:
+    """One trace's values: ints, with None (or ``'-'``) for an iteration whose value is not told."""
+    out = []
+    for v in vs:
+        if v is None or v == "-":
+            out.append(None)
+        elif isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{what}: expected whole numbers (or None for an iteration not told), got {v!r}")
+        elif v < 1:
+            raise ValueError(f"{what}: {v} is not a shape value (values are at least 1)")
+        else:
+            out.append(v)
+    return out
+
+
+def scale(
+    traces: Union[Source, Sequence[Source]],
+    param: str,
+    predict: Optional[Sequence[int]] = None,
+    *,
+    values: Optional[Sequence[Any]] = None,
+    hold_out: Optional[Sequence[int]] = None,
+    after: Optional[int] = None,
+    largest_under: Union[Size, bool] = None,
+    cards: Optional[Sequence[Size]] = None,
+    reserve: Size = None,
+    step: Optional[int] = None,
+    config: Optional[str] = None,
+    capacity: Size = None,
+    by: Optional[str] = None,
+    device: Optional[int] = None,
+    device_memory: Size = None,
+    trace_capacity: Size = None,
+) -> ScaleResult:
+    """``allocsim scale``: a step at a shape never run, predicted from recorded steps at other
+    shapes, and the largest shape a budget holds.
+
+    ``traces``: one snapshot or several of the same job (paths, bytes, snapshot dicts or
+    ``Snapshot`` objects; the first gives the state the asked steps follow). Each step is a
+    ``record_function("PARAM=VALUE")`` region (``allocsim.torch.step(seq=L)``), unless ``values``
+    gives the value of each iteration of the ``phases`` layout: a list for one trace, a list of
+    lists for several (``None`` for an iteration not told). ``predict``: the values to predict a
+    step at, after step ``after`` (default: the last); steps at the values of ``hold_out`` are
+    not learnt from. ``largest_under``: an allowed maximum to find
+    the largest value under (``True``: the trace's own budget); ``cards``: the same on each card."""
+    items = list(traces) if isinstance(traces, (list, tuple)) else [traces]
+    if not items:
+        raise ValueError("scale: no trace given")
+    snaps = [t if isinstance(t, Snapshot) else load(t) for t in items]
+    if values is None:
+        per_trace: list = []
+    elif len(snaps) == 1 and all(v is None or isinstance(v, (int, str)) for v in values):
+        per_trace = [_value_list(values, "values")]
+    else:
+        per_trace = [_value_list(vs, f"values[{k}]") for k, vs in enumerate(values)]
+    budget = largest_under is True
+    under = None if largest_under is None or isinstance(largest_under, bool) else _size(largest_under, "largest_under")
+    r = _allocsim.scale(
+        [s._s for s in snaps],
+        param,
+        per_trace,
+        [int(v) for v in (predict or [])],
+        [int(v) for v in (hold_out or [])],
+        after,
+        under,
+        budget,
+        [_size(c, "cards") for c in (cards or [])],
+        _size(reserve, "reserve"),
+        step,
+        config,
+        _size(capacity, "capacity"),
+        by,
+        device,
+        _size(device_memory, "device_memory"),
+        _size(trace_capacity, "trace_capacity"),
+    )
+    return ScaleResult(*r)
 
 
 def _grid(grid: Union[str, Dict[str, Iterable[Any]], None]) -> Optional[str]:
@@ -360,6 +445,46 @@ class Snapshot:
             _size(trace_capacity, "trace_capacity"),
         )
         return GraphsResult(*r)
+
+    def scale(
+        self,
+        param: str,
+        predict: Optional[Sequence[int]] = None,
+        *,
+        values: Optional[Sequence[Any]] = None,
+        hold_out: Optional[Sequence[int]] = None,
+        after: Optional[int] = None,
+        largest_under: Union[Size, bool] = None,
+        cards: Optional[Sequence[Size]] = None,
+        reserve: Size = None,
+        step: Optional[int] = None,
+        config: Optional[str] = None,
+        capacity: Size = None,
+        by: Optional[str] = None,
+        device: Optional[int] = None,
+        device_memory: Size = None,
+        trace_capacity: Size = None,
+    ) -> ScaleResult:
+        """``allocsim scale`` on this snapshot (see :func:`allocsim.scale`; ``values``: one per
+        iteration)."""
+        return scale(
+            [self],
+            param,
+            predict,
+            values=None if values is None else [list(values)],
+            hold_out=hold_out,
+            after=after,
+            largest_under=largest_under,
+            cards=cards,
+            reserve=reserve,
+            step=step,
+            config=config,
+            capacity=capacity,
+            by=by,
+            device=device,
+            device_memory=device_memory,
+            trace_capacity=trace_capacity,
+        )
 
     def phases(
         self,

@@ -166,3 +166,29 @@ class PhasesResult(Answer):
     @property
     def iterations(self) -> List[Dict[str, Any]]:
         return self._data()["iterations"]
+
+
+class ScaleResult(Answer):
+    """``allocsim scale``."""
+
+    __slots__ = ()
+
+    @property
+    def predictions(self) -> List[Dict[str, Any]]:
+        """Per asked value: ``peak_allocated`` and ``peak_reserved`` (each ``[lowest, highest]``
+        over the runs), ``runs`` (each with its ``oom``), ``exact``, ``extrapolated``,
+        ``caveats``."""
+        return self._data()["predictions"]
+
+    @property
+    def largest(self) -> List[Dict[str, Any]]:
+        """Per budget (``largest_under``, each card): the largest ``value`` that fits, and where the
+        answer is not monotone."""
+        return self._data()["largest"]
+
+    @property
+    def largest_value(self) -> Optional[int]:
+        """The largest value that fits under the first budget (None when none was asked or none
+        fits)."""
+        rows = self._data()["largest"]
+        return rows[0]["value"] if rows else None

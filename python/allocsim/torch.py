@@ -12,6 +12,10 @@
   the snapshot and writes allocsim's explanation beside it (``.txt`` and ``.json``). It never
   raises inside the observer, and says on stderr what it wrote.
 * :func:`explain_now` — the live allocator's state explained, without a file.
+* :func:`step` — ``with allocsim.torch.step(seq=L):`` around a training or inference step: the
+  ``record_function("seq=L")`` region ``allocsim scale`` learns each step's shape from. Where the
+  steps are annotated so, the OOM hook's explanation ends with the largest value of the shape that
+  would have fit.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import sys
 import threading
 import time
@@ -27,7 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional, Union
 
 import allocsim
 
-__all__ = ["record", "install_oom_hook", "explain_now", "OomHook", "Recording"]
+__all__ = ["record", "install_oom_hook", "explain_now", "step", "OomHook", "Recording"]
 
 #: Entries the allocator's history keeps (a ring buffer; allocsim replays a trace that starts
 #: mid-history from the state it reconstructs).
@@ -157,13 +162,75 @@ class OomHook:
             f"{limit_words} {_sizes(limit)} ({limit} bytes); {_sizes(device_free)} ({device_free} bytes) free on the device.\n"
             f"allocsim's explanation of {path}:\n\n"
         )
+        largest = _largest_shape(s, snap, device, limit, total)
         with open(base + ".txt", "w", encoding="utf-8") as f:
             f.write(header + str(x) + "\n")
+            if largest is not None:
+                f.write(largest[0] + "\n")
         d = x.to_dict()
         d["observer"] = observed
+        if largest is not None:
+            d["largest_shape"] = largest[1]
         with open(base + ".json", "w", encoding="utf-8") as f:
             json.dump(d, f)
         return [base + ".txt", base + ".json"]
+
+
+#: A step's annotation, ``NAME=VALUE`` (what :func:`step` records).
+_SHAPE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([0-9]+)$")
+
+
+def _shape_param(snap: Dict[str, Any], device: int) -> Optional[str]:
+    """The name of the steps' shape annotation (``seq`` for ``seq=512``) on ``device``, when there
+    is one; None otherwise (or when several names are used)."""
+    names = set()
+    for a in snap.get("external_annotations") or []:
+        if not isinstance(a, dict) or a.get("device", device) != device:
+            continue
+        m = _SHAPE.match(str(a.get("name", "")))
+        if m:
+            names.add(m.group(1))
+    return names.pop() if len(names) == 1 else None
+
+
+def _largest_shape(s: "allocsim.Snapshot", snap: Dict[str, Any], device: int, limit: int, total: Optional[int]) -> Optional[tuple]:
+    """The largest value of the steps' shape that would have fit, as ``allocsim scale
+    --largest-under`` finds it (under the allowed maximum when one was set, else the trace's own
+    budget: the device with what others held): the sentence that ends the explanation, and the
+    answer's ``largest`` entry. None when the steps are not annotated; the sentence says why when
+    they are but it could not be found."""
+    try:
+        param = _shape_param(snap, device)
+    except Exception:
+        param = None
+    if param is None:
+        return None
+    capped = total is not None and limit < total
+    try:
+        r = allocsim.scale(s, param, largest_under=limit if capped else True, device=device, device_memory=total)
+    except Exception as e:
+        return (f"The largest {param} that would have fit could not be found: {e}", {"param": param, "error": str(e)})
+    row = r.largest[0]
+    line = next((l for l in str(r).splitlines() if l.startswith(f"largest {param} under")), "")
+    if row.get("value") is None:
+        return (f"No {param} would have fit: {line}", {"param": param, **row})
+    return (f"The largest {param} that would have fit: {row['value']} ({line})", {"param": param, **row})
+
+
+@contextlib.contextmanager
+def step(**shape: int) -> Iterator[None]:
+    """``with allocsim.torch.step(seq=L):`` around one training or inference step: a
+    ``record_function("seq=L")`` region in the profiler and in the memory snapshot's annotations,
+    which ``allocsim scale --param seq`` learns each step's shape from. One keyword, a whole
+    number."""
+    if len(shape) != 1:
+        raise TypeError(f"step() takes one shape keyword, e.g. step(seq=512); got {sorted(shape) or 'none'}")
+    ((name, value),) = shape.items()
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"step({name}={value!r}): the shape value is a whole number of at least 1")
+    torch = _torch()
+    with torch.autograd.profiler.record_function(f"{name}={value}"):
+        yield
 
 
 def install_oom_hook(

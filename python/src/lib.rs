@@ -12,6 +12,7 @@ use allocsim_commands::graphs::GraphsOptions;
 use allocsim_commands::phases::PhasesOptions;
 use allocsim_commands::replay::ReplayOptions;
 use allocsim_commands::report::ReportOptions;
+use allocsim_commands::scale::{LargestUnder, ScaleOptions};
 use allocsim_commands::sweep::SweepOptions;
 use allocsim_commands::{Answer, Error as CommandError, Trace, TraceOptions};
 use allocsim_replay::TorchVersion;
@@ -320,6 +321,60 @@ fn replay_file(
     .map_err(py_err)
 }
 
+/// `allocsim scale` on one or more snapshots of the same job (the first gives the state the asked
+/// steps follow): `values` one list per snapshot (or none: the `PARAM=VALUE` annotations);
+/// `largest_under` an allowed maximum, or `largest_under_budget` the first trace's own budget.
+#[pyfunction]
+#[pyo3(signature = (snapshots, param, values = Vec::new(), predict = Vec::new(), hold_out = Vec::new(), after = None, largest_under = None, largest_under_budget = false, cards = Vec::new(), reserve = None, step = None, config = None, capacity = None, by = None, device = None, device_memory = None, trace_capacity = None))]
+#[allow(clippy::too_many_arguments)]
+fn scale(
+    py: Python<'_>,
+    snapshots: Vec<Py<Snapshot>>,
+    param: String,
+    values: Vec<Vec<Option<u64>>>,
+    predict: Vec<u64>,
+    hold_out: Vec<u64>,
+    after: Option<usize>,
+    largest_under: Option<u64>,
+    largest_under_budget: bool,
+    cards: Vec<u64>,
+    reserve: Option<u64>,
+    step: Option<u64>,
+    config: Option<String>,
+    capacity: Option<u64>,
+    by: Option<String>,
+    device: Option<usize>,
+    device_memory: Option<u64>,
+    trace_capacity: Option<u64>,
+) -> PyResult<Rendered> {
+    let snaps: Vec<(Arc<allocsim_trace::Snapshot>, String)> = snapshots.iter().map(|s| (s.get().snap.clone(), s.get().name.clone())).collect();
+    let largest_under = match (largest_under, largest_under_budget) {
+        (Some(b), _) => Some(LargestUnder::Bytes(b)),
+        (None, true) => Some(LargestUnder::Budget),
+        (None, false) => None,
+    };
+    let o = ScaleOptions {
+        trace: trace_options(device, device_memory, trace_capacity),
+        param,
+        values,
+        by,
+        after,
+        predict,
+        hold_out,
+        largest_under,
+        cards,
+        reserve,
+        step,
+        config,
+        capacity,
+    };
+    py.detach(|| {
+        let traces: Vec<Trace<'_>> = snaps.iter().map(|(s, n)| Trace { name: n, snapshot: s }).collect();
+        allocsim_commands::scale::scale(&traces, &o).map(|a| render(&a))
+    })
+    .map_err(py_err)
+}
+
 /// Bytes from `1073741824`, `24GiB`, `1.5 GiB`, `80GB` (what the command line accepts).
 #[pyfunction]
 fn parse_size(s: &str) -> PyResult<u64> {
@@ -338,6 +393,7 @@ fn _allocsim(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Snapshot>()?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(replay_file, m)?)?;
+    m.add_function(wrap_pyfunction!(scale, m)?)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add("Error", m.py().get_type::<Error>())?;
     m.add("TraceError", m.py().get_type::<TraceError>())?;

@@ -309,3 +309,47 @@ def test_the_gil_is_released_while_replaying():
     # The sweep takes a good part of a second; this thread woke about every millisecond of it.
     assert elapsed > 0.05, "the sweep was too quick to tell"
     assert ticks >= 10
+
+
+def test_scale_predicts_a_step_at_twice_the_lengths_learnt_from():
+    # HF Llama on an H200: learnt from the steps at 128-384 only, the first step at 768 (after the
+    # step before it) peaks where the job read max_memory_allocated() after it.
+    name = "field/llama_train__default.pickle.gz"
+    m = meta(name)["extra"]
+    seq = m["seq_lens"]
+    i = seq.index(768)
+    values = [v if v <= 384 else None for v in seq]
+    path = "traces/" + name
+    assert os.path.exists(trace(name))
+    s = allocsim.load(path)
+    r = s.scale("seq", [768], values=values, after=i - 1)
+    p = r.predictions[0]
+    assert p["peak_allocated"] == [m["step_peaks"][i]] * 2
+    assert p["extrapolated"] is True
+    args = ("scale", path, "--param", "seq", "--values", ",".join("-" if v is None else str(v) for v in values), "--predict", "768", "--after", str(i - 1))
+    assert str(r) + "\n" == cli(*args).stdout
+    assert r.to_dict() == json.loads(cli(*args, "--json").stdout)
+    # allocsim.scale on paths, and on two traces of one job with a list of values each.
+    assert allocsim.scale(path, "seq", [768], values=values, after=i - 1).to_dict() == r.to_dict()
+    two = allocsim.scale([path, s], "seq", [768], values=[values, values], after=i - 1)
+    assert two.predictions[0]["peak_allocated"] == [m["step_peaks"][i]] * 2
+    # Every value given, the 512 and 768 steps held out: the same answer.
+    held = s.scale("seq", [768], values=seq, hold_out=[512, 768], after=i - 1)
+    assert held.predictions == r.predictions
+    with pytest.raises(ValueError, match="no record_function regions named seq=VALUE"):
+        s.scale("seq", [768])
+    with pytest.raises(ValueError, match="not a shape value"):
+        s.scale("seq", [768], values=[0, 512])
+
+
+def test_scale_finds_the_largest_length_under_the_cap():
+    # llama_oom ran 512 under its 6 GiB cap and ran out of memory at 4096 (step 9).
+    name = "field/llama_oom__default.pickle.gz"
+    m = meta(name)
+    s_oom = m["log"][0]["step"]
+    values = m["extra"]["seq_lens"][:s_oom]
+    r = allocsim.load(trace(name)).scale("seq", values=values, after=s_oom - 1, largest_under=True)
+    assert r.largest[0]["capacity"] == m["cap_bytes"]
+    assert 512 <= r.largest_value < 4096
+    r2 = allocsim.load(trace(name)).scale("seq", values=values, after=s_oom - 1, largest_under="6GiB")
+    assert r2.largest_value == r.largest_value

@@ -192,3 +192,75 @@ def test_oom_hook_keeps_the_snapshot_when_the_explanation_fails(fake, tmp_path, 
     assert hook.error == "the explanation failed: TraceError: snapshot: device 0, trace entry 7 (alloc): size out of range"
     err = capsys.readouterr().err
     assert "allocsim: the explanation failed: TraceError" in err and f"wrote {hook.written[0]}" in err
+
+
+def llama_oom_annotated():
+    """llama_oom's snapshot with each step annotated as allocsim.torch.step(seq=L) records it (from
+    the end of one optimizer step to the end of the next), up to the step that ran out of memory,
+    whose region is still open (the observer runs inside the failing allocation)."""
+    snap = snapshot_dict("field/llama_oom__default.pickle.gz")
+    m = meta("field/llama_oom__default.pickle.gz")
+    seq, oom_step = m["extra"]["seq_lens"], m["log"][0]["step"]
+    ends = sorted(a["time_us"] for a in snap["external_annotations"] if a["stage"] == "END" and a["name"].startswith("Optimizer.step"))
+    start = snap["device_traces"][0][0]["time_us"]
+    for k in range(oom_step + 1):
+        snap["external_annotations"].append({"stage": "START", "name": f"seq={seq[k]}", "device": 0, "time_us": start})
+        if k < oom_step:
+            snap["external_annotations"].append({"stage": "END", "name": f"seq={seq[k]}", "device": 0, "time_us": ends[k]})
+            start = ends[k] + 1
+    return snap, m
+
+
+def test_oom_hook_ends_with_the_largest_shape_that_would_have_fit(monkeypatch, tmp_path):
+    snap, m = llama_oom_annotated()
+    f = FakeTorch(snap)
+    for name, mod in f.modules.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    import allocsim.torch as at
+
+    hook = at.install_oom_hook(tmp_path, quiet=True)
+    f.oom(alloc=176 << 20, limit=m["cap_bytes"])
+    assert hook.error is None, hook.error
+    _, txt, js = hook.written
+    import json
+
+    d = json.load(open(js))
+    largest = d["largest_shape"]
+    # The job ran 512 under the cap and ran out of memory at 4096.
+    assert largest["param"] == "seq" and 512 <= largest["value"] < 4096
+    assert largest["capacity"] == m["cap_bytes"]
+    last = open(txt).read().rstrip("\n").split("\n")[-1]
+    assert last.startswith(f"The largest seq that would have fit: {largest['value']} (largest seq under an allowed maximum of 6.00 GiB")
+    # The same as allocsim.scale on the snapshot, under the cap.
+    r = allocsim.load(snap).scale("seq", largest_under=m["cap_bytes"], device_memory=TOTAL)
+    assert r.largest_value == largest["value"]
+
+
+def test_step_is_a_record_function_region(monkeypatch):
+    names = []
+
+    class Rf:
+        def __init__(self, name):
+            names.append(name)
+
+        def __enter__(self):
+            names.append("enter")
+
+        def __exit__(self, *a):
+            names.append("exit")
+
+    f = FakeTorch(None)
+    f.module.autograd = types.SimpleNamespace(profiler=types.SimpleNamespace(record_function=Rf))
+    for name, mod in f.modules.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    import allocsim.torch as at
+
+    with at.step(seq=512):
+        names.append("body")
+    assert names == ["seq=512", "enter", "body", "exit"]
+    with pytest.raises(TypeError):
+        with at.step(seq=1, batch=2):
+            pass
+    with pytest.raises(ValueError):
+        with at.step(seq=0):
+            pass

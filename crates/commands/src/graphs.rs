@@ -100,17 +100,20 @@ impl Answer for GraphsAnswer {
             )?;
         }
         let n = pat.requests;
+        let quadratic = if pat.quadratic > 0 { format!(", {} grow quadratically", pat.quadratic) } else { String::new() };
         if pat.piecewise.is_empty() {
             writeln!(
                 out,
-                "  sizes: {} of {n} requests grow linearly with the batch size, {} do not change; every recorded size lies on its line",
-                pat.affine, pat.constant
+                "  sizes: {} of {n} requests grow linearly with the batch size{quadratic}, {} do not change; every recorded size lies on its {}",
+                pat.affine,
+                pat.constant,
+                if pat.quadratic > 0 { "curve" } else { "line" }
             )?;
         } else {
             let worst = pat.piecewise.iter().map(|x| x.1).max().unwrap_or(0);
             writeln!(
                 out,
-                "  sizes: {} of {n} requests grow linearly with the batch size, {} do not change, {} follow no line (interpolated between the recorded batch sizes; up to {} off the line through the outermost two)",
+                "  sizes: {} of {n} requests grow linearly with the batch size{quadratic}, {} do not change, {} follow no line (interpolated between the recorded batch sizes; up to {} off the line through the outermost two)",
                 pat.affine,
                 pat.constant,
                 pat.piecewise.len(),

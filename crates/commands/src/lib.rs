@@ -1,5 +1,5 @@
 //! allocsim's commands on a snapshot already in memory: `replay`, `validate`, `explain`,
-//! `sweep`, `fit`, `phases`, `graphs` and `report`. Each takes a [`Trace`] (a decoded snapshot and the name
+//! `sweep`, `fit`, `phases`, `graphs`, `scale` and `report`. Each takes a [`Trace`] (a decoded snapshot and the name
 //! its text calls it by) and plain options, and returns an answer that renders as the text the
 //! command line prints ([`Answer::write_text`]) and as the object its `--json` prints
 //! ([`Answer::to_json`]). The command line (`src/`) parses arguments and reads files into these;
@@ -20,6 +20,7 @@ pub mod input;
 pub mod phases;
 pub mod replay;
 pub mod report;
+pub mod scale;
 pub mod size;
 pub mod sweep;
 

@@ -5,40 +5,11 @@ use std::ops::Range;
 
 use allocsim_model::allocator::{MempoolId, Route};
 use allocsim_replay::{Op, Prepared, Program};
-use allocsim_trace::StackId;
+use allocsim_shape::fit::SizeFit;
+use allocsim_shape::pattern::{self, Ref, TOp, Template, TemplateError, key, match_backwards};
 use serde::Serialize;
 
 use crate::GraphsError;
-use crate::fit::SizeFit;
-
-/// What identifies a request across rounds, whatever its size: its stream, whether it went to
-/// the graph pool, and its recorded call stack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlotKey {
-    pub stream: u64,
-    pub private: bool,
-    pub stack: StackId,
-}
-
-/// A request a round's op refers to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ref {
-    /// The round's own `k`-th request.
-    Local(u32),
-    /// A request of the prologue (the ops before the first round), by its ordinal.
-    Prologue(u32),
-}
-
-/// One op of a round's pattern.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TOp {
-    /// The round's `k`-th request.
-    Malloc(u32),
-    Free { r: Ref, deferred: bool },
-    Complete(Ref),
-    /// An `empty_cache()` call (`torch.cuda.graph` makes one before each capture).
-    EmptyCache,
-}
 
 /// Where a request's size comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,27 +19,6 @@ pub enum SlotSize {
     /// A request only the first round makes (library workspaces, a generator's graph state):
     /// the size it had.
     Fixed(u64),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Slot {
-    pub key: SlotKey,
-    pub size: SlotSize,
-    /// The recorded request it stands for (in the round the pattern was read from).
-    pub recorded: u32,
-}
-
-/// A round's ops, with its requests numbered from 0.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Template {
-    pub ops: Vec<TOp>,
-    pub slots: Vec<Slot>,
-}
-
-impl Template {
-    fn without_empty_cache(&self) -> Vec<TOp> {
-        self.ops.iter().copied().filter(|o| *o != TOp::EmptyCache).collect()
-    }
 }
 
 /// One recorded round: the ops from its first request (the eager warm-up before the capture) to
@@ -95,8 +45,10 @@ pub struct Recording {
     pub prologue_ops: usize,
     /// The requests made in the prologue (ordinals `0..prologue_requests`).
     pub prologue_requests: u32,
-    /// The first round's pattern (it makes one-time requests the later ones do not).
+    /// The first round's pattern (it makes one-time requests the later ones do not), and where
+    /// each of its requests' sizes comes from.
     pub first: Template,
+    pub first_sizes: Vec<SlotSize>,
     /// The pattern every later round repeats.
     pub steady: Template,
     /// Which recorded round the steady pattern was read from.
@@ -131,11 +83,6 @@ fn malloc_ops(p: &Program) -> Vec<u32> {
         }
     }
     op_of
-}
-
-fn key(p: &Program, q: u32) -> SlotKey {
-    let r = &p.requests[q as usize];
-    SlotKey { stream: r.stream, private: matches!(r.route, Route::Private(_)), stack: r.stack }
 }
 
 /// Learns the captures of `p` (recorded at batch sizes `captured`, in order).
@@ -224,9 +171,6 @@ pub fn learn(p: &Prepared, captured: &[u64]) -> Result<Recording, GraphsError> {
         ops.push(TOp::EmptyCache);
     }
     steady.ops = ops;
-    for (j, s) in steady.slots.iter_mut().enumerate() {
-        s.size = SlotSize::Steady(j as u32);
-    }
     // Sizes from the rounds after the first.
     let round_requests = |k: usize| -> Vec<u32> {
         let end = if k + 1 < n { starts[k + 1] } else { last_malloc(k) + 1 };
@@ -242,51 +186,57 @@ pub fn learn(p: &Prepared, captured: &[u64]) -> Result<Recording, GraphsError> {
     // The first round: the steady requests found in it, from its end backwards (by key, and by
     // size where the later rounds fit a line); what precedes its first one is the prologue.
     let first_end = starts[1];
-    let mut matched: Vec<Option<u32>> = vec![None; steady.slots.len()];
-    let mut j = steady.slots.len();
-    let mut first_start = None;
-    for oi in (0..first_end).rev() {
-        if j == 0 {
-            break;
-        }
-        let Op::Malloc(q) = prog.ops[oi] else { continue };
-        let s = &steady.slots[j - 1];
-        let fit = &later_fits[j - 1];
+    let candidates: Vec<usize> = (0..first_end).filter(|&oi| matches!(prog.ops[oi], Op::Malloc(_))).collect();
+    let found = match_backwards(steady.slots.len(), candidates.len(), |j, c| {
+        let Op::Malloc(q) = prog.ops[candidates[c]] else { unreachable!() };
+        let s = &steady.slots[j];
+        let fit = &later_fits[j];
         let size_ok = captured.len() < 3 || !fit.is_exact() || fit.at(captured[0]).ok() == Some(prog.requests[q as usize].size);
-        if key(prog, q) == s.key && size_ok {
-            matched[j - 1] = Some(q);
-            j -= 1;
-            first_start = Some(oi);
+        key(prog, q) == s.key && size_ok
+    });
+    let found = match found {
+        Ok(f) if !f.is_empty() => f,
+        r => {
+            return Err(GraphsError::Differs(format!(
+                "the first capture (batch size {}) does not make the requests the later captures make ({} of {} found in it{})",
+                captured[0],
+                r.err().unwrap_or(0),
+                steady.slots.len(),
+                if captured.len() >= 3 { ", with the sizes the later captures' sizes give at its batch size" } else { "" }
+            )));
         }
-    }
-    let Some(first_start) = first_start.filter(|_| j == 0) else {
-        return Err(GraphsError::Differs(format!(
-            "the first capture (batch size {}) does not make the requests the later captures make ({} of {} found in it{})",
-            captured[0],
-            steady.slots.len() - j,
-            steady.slots.len(),
-            if captured.len() >= 3 { ", with the sizes the later captures' sizes give at its batch size" } else { "" }
-        )));
     };
+    let matched: Vec<Option<u32>> = found
+        .iter()
+        .map(|&c| match prog.ops[candidates[c]] {
+            Op::Malloc(q) => Some(q),
+            _ => None,
+        })
+        .collect();
+    let first_start = candidates[found[0]];
     let prologue_requests = match prog.ops[first_start] {
         Op::Malloc(q) => q,
         _ => unreachable!(),
     };
-    let mut first = template(prog, &p.empty_cache, first_start..first_end)?;
+    let first = template(prog, &p.empty_cache, first_start..first_end)?;
     let mut first_only = Vec::new();
-    for s in first.slots.iter_mut() {
+    let mut first_sizes = Vec::with_capacity(first.slots.len());
+    for s in &first.slots {
         match matched.iter().position(|&m| m == Some(s.recorded)) {
             Some(k) => {
-                s.size = SlotSize::Steady(k as u32);
+                first_sizes.push(SlotSize::Steady(k as u32));
                 points[k].push((captured[0], prog.requests[s.recorded as usize].size));
             }
-            None => first_only.push(s.recorded),
+            None => {
+                first_sizes.push(SlotSize::Fixed(s.size));
+                first_only.push(s.recorded);
+            }
         }
     }
     // Frees of earlier requests must be of the prologue's.
     for t in [&first, &steady] {
         for op in &t.ops {
-            if let TOp::Free { r: Ref::Prologue(q), .. } | TOp::Complete(Ref::Prologue(q)) = *op
+            if let TOp::Free { r: Ref::Earlier(q), .. } | TOp::Complete(Ref::Earlier(q)) = *op
                 && q >= prologue_requests
             {
                 return Err(GraphsError::Unsupported(format!(
@@ -315,6 +265,7 @@ pub fn learn(p: &Prepared, captured: &[u64]) -> Result<Recording, GraphsError> {
         prologue_ops: first_start,
         prologue_requests,
         first,
+        first_sizes,
         steady,
         steady_from,
         fits,
@@ -354,42 +305,25 @@ fn ec_positions(ops: &[TOp]) -> Vec<usize> {
     v
 }
 
-/// The ops `range` of `p` as a template: requests renumbered from the range's first, references
-/// to earlier requests kept as prologue references (checked by the caller), release runs that
-/// were `empty_cache()` calls kept as such (`empty_cache`: one flag per op), the others dropped
-/// (the model's own mallocs make them).
+/// The ops `range` of `p` (a round: it starts with a malloc) as a pattern
+/// (`allocsim_shape::pattern::template`): references to earlier requests are the prologue's
+/// (checked by the caller); a round may not free a block from before the trace.
 fn template(p: &Program, empty_cache: &[bool], range: Range<usize>) -> Result<Template, GraphsError> {
     let first_req = match p.ops[range.start] {
         Op::Malloc(q) => q,
         _ => unreachable!("a round starts with a malloc"),
     };
-    let mut t = Template::default();
-    let r = |q: u32| if q >= first_req { Ref::Local(q - first_req) } else { Ref::Prologue(q) };
-    for oi in range {
-        match p.ops[oi] {
-            Op::Malloc(q) => {
-                let req = &p.requests[q as usize];
-                if req.checkpoint {
-                    return Err(GraphsError::Unsupported(
-                        "the captures restore their pool to a checkpoint (torch.compile's CUDA-graph trees): not a torch.cuda.graph capture".into(),
-                    ));
-                }
-                t.ops.push(TOp::Malloc(q - first_req));
-                t.slots.push(Slot { key: key(p, q), size: SlotSize::Fixed(req.size), recorded: q });
-            }
-            Op::Free { req, deferred } => t.ops.push(TOp::Free { r: r(req), deferred }),
-            Op::Complete(req) => t.ops.push(TOp::Complete(r(req))),
-            Op::ReleaseRun { .. } => {
-                if empty_cache.get(oi).copied().unwrap_or(false) {
-                    t.ops.push(TOp::EmptyCache);
-                }
-            }
-            Op::FreePre { .. } | Op::CompletePre(_) | Op::ForcedRelease { .. } => {
-                return Err(GraphsError::Unsupported(
-                    "a round frees a block made before the trace began: the captures do not repeat one pattern".into(),
-                ));
-            }
-        }
+    let before_trace = || {
+        GraphsError::Unsupported("a round frees a block made before the trace began: the captures do not repeat one pattern".into())
+    };
+    let t = pattern::template(p, empty_cache, range, first_req).map_err(|e| match e {
+        TemplateError::Checkpoint(_) => GraphsError::Unsupported(
+            "the captures restore their pool to a checkpoint (torch.compile's CUDA-graph trees): not a torch.cuda.graph capture".into(),
+        ),
+        TemplateError::ForcedRelease => before_trace(),
+    })?;
+    if t.ops.iter().any(|o| matches!(o, TOp::Free { r: Ref::Pre(_), .. } | TOp::Complete(Ref::Pre(_)))) {
+        return Err(before_trace());
     }
     Ok(t)
 }
@@ -418,7 +352,7 @@ fn describe_difference(p: &Prepared, captured: &[u64], a: usize, k: usize, ta: &
             Some(TOp::Free { r: Ref::Local(l), .. } | TOp::Complete(Ref::Local(l))) => {
                 format!("the free of request {}", t.slots.get(*l as usize).map_or(0, |s| s.recorded))
             }
-            Some(TOp::Free { r: Ref::Prologue(q), .. } | TOp::Complete(Ref::Prologue(q))) => format!("the free of request {q}"),
+            Some(TOp::Free { r: Ref::Earlier(q) | Ref::Pre(q), .. } | TOp::Complete(Ref::Earlier(q) | Ref::Pre(q))) => format!("the free of request {q}"),
             Some(TOp::EmptyCache) => "an empty_cache() call".into(),
         }
     };

@@ -38,7 +38,6 @@
 //!
 //! What the job does after its last capture (replays, teardown) is not replayed.
 
-pub mod fit;
 pub mod learn;
 pub mod predict;
 
@@ -117,6 +116,10 @@ pub struct RecordedCapture {
     pub after: Reading,
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// The pattern the rounds repeat, in numbers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Pattern {
@@ -130,6 +133,9 @@ pub struct Pattern {
     /// and the largest distance of a point from the line through the outermost two).
     pub constant: u32,
     pub affine: u32,
+    /// Requests whose size no line but a parabola gives through every recorded point.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub quadratic: u32,
     pub piecewise: Vec<(u32, u64)>,
     /// The first round's extra requests (recorded ordinals) and their bytes, kept at any batch size.
     pub first_only: Vec<u32>,
@@ -207,16 +213,17 @@ pub fn predict(p: &Prepared, q: &Question<'_>) -> Result<GraphsAnswer, GraphsErr
         .iter()
         .enumerate()
         .filter_map(|(k, f)| match f {
-            fit::SizeFit::Piecewise { deviation, .. } => Some((rec.steady.slots[k].recorded, *deviation)),
+            allocsim_shape::fit::SizeFit::Piecewise { deviation, .. } => Some((rec.steady.slots[k].recorded, *deviation)),
             _ => None,
         })
         .collect();
     let pattern = Pattern {
         requests: rec.steady.slots.len() as u32,
         pool_requests,
-        empty_cache_calls: rec.steady.ops.iter().filter(|o| **o == learn::TOp::EmptyCache).count() as u32,
-        constant: rec.fits.iter().filter(|f| matches!(f, fit::SizeFit::Constant { .. })).count() as u32,
-        affine: rec.fits.iter().filter(|f| matches!(f, fit::SizeFit::Affine { .. })).count() as u32,
+        empty_cache_calls: rec.steady.ops.iter().filter(|o| **o == allocsim_shape::pattern::TOp::EmptyCache).count() as u32,
+        constant: rec.fits.iter().filter(|f| matches!(f, allocsim_shape::fit::SizeFit::Constant { .. })).count() as u32,
+        affine: rec.fits.iter().filter(|f| matches!(f, allocsim_shape::fit::SizeFit::Affine { .. })).count() as u32,
+        quadratic: rec.fits.iter().filter(|f| matches!(f, allocsim_shape::fit::SizeFit::Quadratic { .. })).count() as u32,
         piecewise,
         first_only: rec.first_only.clone(),
         first_only_bytes: rec.first_only.iter().map(|&r| p.program.requests[r as usize].size).sum(),

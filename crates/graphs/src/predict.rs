@@ -7,8 +7,10 @@ use allocsim_replay::{Op, Prepared, Program, Request};
 use serde::Serialize;
 
 use crate::GraphsError;
-use crate::fit::SizeError;
-use crate::learn::{Recording, Ref, SlotSize, TOp, Template};
+use allocsim_shape::fit::SizeError;
+use allocsim_shape::pattern::{Ref, TOp, Template};
+
+use crate::learn::{Recording, SlotSize};
 
 /// A program for asked batch sizes: the recorded prologue, then one round per batch size.
 #[derive(Clone, Debug)]
@@ -46,19 +48,29 @@ impl Recording {
         let mut empty_cache: Vec<bool> = p.empty_cache[..self.prologue_ops].to_vec();
         let mut round_ends = Vec::with_capacity(batches.len());
         for (i, &bs) in batches.iter().enumerate() {
-            let t = if i == 0 { &self.first } else { &self.steady };
-            self.instantiate(p, t, bs, &mut prog, &mut empty_cache)?;
+            let steady: Vec<SlotSize>;
+            let (t, sizes) = if i == 0 {
+                (&self.first, &self.first_sizes)
+            } else {
+                steady = (0..self.steady.slots.len() as u32).map(SlotSize::Steady).collect();
+                (&self.steady, &steady)
+            };
+            self.instantiate(p, t, sizes, bs, &mut prog, &mut empty_cache)?;
             round_ends.push(prog.ops.len());
         }
         Ok(Synthesized { program: prog, empty_cache, round_ends, prologue_end: self.prologue_ops })
     }
 
-    fn instantiate(&self, p: &Prepared, t: &Template, bs: u64, prog: &mut Program, empty_cache: &mut Vec<bool>) -> Result<(), GraphsError> {
+    fn instantiate(&self, p: &Prepared, t: &Template, sizes: &[SlotSize], bs: u64, prog: &mut Program, empty_cache: &mut Vec<bool>) -> Result<(), GraphsError> {
         let base = prog.requests.len() as u32;
-        for s in &t.slots {
-            let size = match s.size {
+        for (s, size) in t.slots.iter().zip(sizes) {
+            let size = match *size {
                 SlotSize::Fixed(b) => b,
-                SlotSize::Steady(k) => self.fits[k as usize].at(bs).map_err(|SizeError::NotPositive(v)| {
+                SlotSize::Steady(k) => self.fits[k as usize].at(bs).map_err(|e| {
+                    let v = match e {
+                        SizeError::NotPositive(v) => v.to_string(),
+                        SizeError::Overflow => "too many".to_string(),
+                    };
                     GraphsError::Usage(format!(
                         "batch size {bs}: request {} (as recorded) would be {v} bytes by the fit through the recorded sizes; predicting that far outside the recorded batch sizes ({}–{}) is not possible",
                         s.recorded,
@@ -81,7 +93,7 @@ impl Recording {
         }
         let r = |x: Ref| match x {
             Ref::Local(k) => base + k,
-            Ref::Prologue(q) => q,
+            Ref::Earlier(q) | Ref::Pre(q) => q,
         };
         for op in &t.ops {
             let (op, ec) = match *op {
