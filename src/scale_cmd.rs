@@ -67,6 +67,8 @@ pub struct ScaleArgs {
     /// Which device's trace (default: the one that ran out of memory, else the busiest).
     #[arg(long)]
     pub device: Option<usize>,
+    /// Print one JSON object (the steps learnt, every prediction, the largest values) instead of
+    /// the text.
     #[arg(long)]
     pub json: bool,
 }
