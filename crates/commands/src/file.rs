@@ -143,6 +143,7 @@ impl Beside {
     fn holds_for(&self, snap: &Snapshot) -> bool {
         let learned = &self.speculated.segment_entries;
         snap.settings == self.speculated.settings
+            && snap.settings.keys == self.speculated.settings.keys
             && snap.segments.len() == self.segments.len()
             && snap.segments.iter().zip(&self.segments).all(|(s, early)| {
                 // (The segments read early do not keep their blocks' stacks.)
