@@ -62,3 +62,60 @@ fn a_settings_key_of_a_later_release_picks_it() {
     let note = j["rules"]["settings_note"].as_str().unwrap();
     assert!(note.contains("refused by PyTorch 2.11") && note.contains("Unrecognized key 'expandable_segments_reserve'"), "{note}");
 }
+
+/// One `segment_alloc` of `seg` bytes and an `alloc` of `size` at its start, and the final
+/// segment with that block; `settings` as in [`snapshot`].
+fn one_block(settings: &str, seg: u64, size: u64, expandable: bool) -> String {
+    let (action, kind) = if expandable { ("segment_map", "true") } else { ("segment_alloc", "false") };
+    // Expandable segments split off any remainder of at least 512 bytes; a 20 MiB segment cut for
+    // 17 MiB under roundup_power2_divisions:4 is the whole block.
+    let (block, rest) = if expandable { (size, seg - size) } else { (seg, 0) };
+    let blocks = if rest > 0 {
+        format!(r#"{{"address": 1073741824, "size": {block}, "requested_size": {size}, "state": "active_allocated", "frames": []}}, {{"address": {}, "size": {rest}, "requested_size": 0, "state": "inactive", "frames": []}}"#, 1073741824 + block)
+    } else {
+        format!(r#"{{"address": 1073741824, "size": {block}, "requested_size": {size}, "state": "active_allocated", "frames": []}}"#)
+    };
+    format!(
+        r#"{{"segments": [{{"device": 0, "address": 1073741824, "total_size": {seg}, "allocated_size": {block}, "active_size": {block}, "requested_size": {size}, "stream": 0, "segment_type": "large", "segment_pool_id": [0, 0], "is_expandable": {kind}, "frames": [], "blocks": [{blocks}]}}],
+ "device_traces": [[{{"action": "{action}", "addr": 1073741824, "size": {seg}, "stream": 0, "time_us": 1}}, {{"action": "alloc", "addr": 1073741824, "size": {size}, "stream": 0, "time_us": 2}}]],
+ "allocator_settings": {{{settings}}}}}"#
+    )
+}
+
+/// Constructed from the rules: a 17 MiB request in a 20 MiB segment, which
+/// `roundup_power2_divisions:4` makes (17 MiB rounds to 20 MiB) and the recorded settings (none:
+/// an 18 MiB segment) do not. `validate` says the settings likely changed, not a bare "NOT exact".
+#[test]
+fn settings_changed_mid_run_are_named() {
+    let f = TempFile::new("midrun.json");
+    let settings = format!(r#""PYTORCH_CUDA_ALLOC_CONF": "", {SETTINGS_2_11}"#);
+    std::fs::write(&f.0, one_block(&settings, 20 << 20, 17 << 20, false)).unwrap();
+    let o = run(&["validate", f.arg()]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    assert!(text.contains("NOT exact: the settings likely changed during the run"), "{text}");
+    assert!(text.contains("request 0 (17825792 bytes) got a new segment of 20971520 bytes; the recorded settings make 18874368"), "{text}");
+    let o = run(&["validate", f.arg(), "--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["settings_changed"].as_array().map(Vec::len), Some(1), "{j}");
+}
+
+/// `test_allocator_settings` ends with `_set_allocator_settings("pinned_num_register_threads:1024")`,
+/// which PyTorch refuses ("should be less than or equal to 128") after recording the string
+/// (`last_allocator_settings_` is set before parsing). Constructed: that string recorded with
+/// expandable segments in force (as set before it) and a trace that mapped pages. The trace
+/// replays under the recorded values, exactly, and says so.
+#[test]
+fn a_refused_settings_string_replays_under_the_recorded_values() {
+    let f = TempFile::new("refused.json");
+    let settings = r#""PYTORCH_CUDA_ALLOC_CONF": "pinned_num_register_threads:1024", "max_split_size": -1, "garbage_collection_threshold": 0.0, "expandable_segments": true, "pinned_num_register_threads": 1, "release_lock_on_cudamalloc": false, "pinned_use_cuda_host_register": false, "graph_capture_record_stream_reuse": false, "roundup_power2_divisions": {"1": 0, "2": 0, "4": 0, "8": 0, "16": 0, "32": 0, "64": 0, "128": 0, "256": 0, "512": 0, "1024": 0, "2048": 0, "4096": 0, "8192": 0, "16384": 0, "32768": 0}"#;
+    std::fs::write(&f.0, one_block(settings, 20 << 20, 17 << 20, true)).unwrap();
+    let text = success(&["validate", f.arg()]);
+    assert!(text.contains("\n  exact\n"), "{text}");
+    assert!(
+        text.contains("note: the recorded settings string \"pinned_num_register_threads:1024\" was refused by PyTorch 2.11 (Number of register threads should be less than or equal to 128, got 1024)"),
+        "{text}"
+    );
+    let j = json(&["replay", f.arg(), "--json"]);
+    assert_eq!(j["segment_events"][0]["action"], "segment_map");
+}

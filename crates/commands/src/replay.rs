@@ -510,7 +510,16 @@ impl Answer for ValidateAnswer {
                     a.first_divergence.as_ref().map(|d| format!("; first divergence: {d}")).unwrap_or_default()
                 )?;
             }
-            writeln!(out, "  {}", if v.exact { "exact" } else { "NOT exact" })?;
+            if v.exact {
+                writeln!(out, "  exact")?;
+            } else if v.settings_changed.is_empty() {
+                writeln!(out, "  NOT exact")?;
+            } else {
+                writeln!(out, "  NOT exact: the settings likely changed during the run (a snapshot records only the last ones, and the replay runs under those throughout):")?;
+                for why in &v.settings_changed {
+                    writeln!(out, "    - {why}")?;
+                }
+            }
         }
         Ok(())
     }

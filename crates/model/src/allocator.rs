@@ -240,6 +240,9 @@ pub struct CachingAllocator<D: Device> {
     pub use_on_oom_pools: MempoolIdSet,
     /// `no_split_pools`.
     pub no_split_pools: MempoolIdSet,
+    /// MemPools made with their own allocator (`MemPool(allocator)`): `raw_alloc`/`raw_delete`
+    /// instead of cudaMalloc/cudaFree, and never expandable segments (`active_user_pool`).
+    pub custom_allocator_pools: MempoolIdSet,
     /// Record each malloc's steps into `steps` (for explanations; off by default).
     pub record_steps: bool,
     pub steps: Vec<MallocStep>,
@@ -300,6 +303,7 @@ impl<D: Device> CachingAllocator<D> {
             graph_pools_freeable: MempoolIdSet::default(),
             use_on_oom_pools: MempoolIdSet::default(),
             no_split_pools: MempoolIdSet::default(),
+            custom_allocator_pools: MempoolIdSet::default(),
             record_steps: false,
             steps: Vec::new(),
             largest_size_seen: 0,
@@ -509,6 +513,23 @@ impl<D: Device> CachingAllocator<D> {
         self.no_split_pools.insert(id);
     }
 
+    /// The MemPool `id` has its own allocator (`MemPool(allocator)`; the model calls the device
+    /// as that allocator's `raw_alloc` would call cudaMalloc): its requests never use expandable
+    /// segments.
+    pub fn set_custom_allocator(&mut self, id: MempoolId) {
+        self.custom_allocator_pools.insert(id);
+    }
+
+    /// `is_expandable_segments_active` for requests to `pool`: expandable segments are on and the
+    /// pool has no allocator of its own (`active_user_pool`).
+    fn expandable_segments_active(&self, pool: PoolIdx) -> bool {
+        self.config.expandable_segments
+            && (self.custom_allocator_pools.is_empty()
+                || !self.pools[pool as usize]
+                    .owner_private_pool
+                    .is_some_and(|pp| self.custom_allocator_pools.contains(self.private_pools[pp as usize].id)))
+    }
+
     /// `torch.cuda.MemPool(use_on_oom, no_split)`: the constructor's `createOrIncrefPool`,
     /// `setUseOnOOM`, `setNoSplit`.
     pub fn mem_pool_new(&mut self, id: MempoolId, use_on_oom: bool, no_split: bool) {
@@ -590,7 +611,7 @@ impl<D: Device> CachingAllocator<D> {
             stream,
             pool,
             alloc_size: self.config.get_allocation_size(size),
-            is_expandable_segments_active: self.config.expandable_segments,
+            is_expandable_segments_active: self.expandable_segments_active(pool),
             block: NIL,
         };
         self.find_free_block(&p).is_some()
@@ -610,13 +631,12 @@ impl<D: Device> CachingAllocator<D> {
         self.note_size(size);
         let pool = self.get_pool(size, stream, route);
         let alloc_size = self.config.get_allocation_size(size);
-        // No custom allocators are modelled, so expandable segments are active in every pool.
         let mut p = AllocParams {
             size,
             stream,
             pool,
             alloc_size,
-            is_expandable_segments_active: self.config.expandable_segments,
+            is_expandable_segments_active: self.expandable_segments_active(pool),
             block: NIL,
         };
         let routed = matches!(route, Route::Private(_));

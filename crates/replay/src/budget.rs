@@ -129,6 +129,9 @@ pub struct Budget {
     pub reproduces: bool,
     /// Requests whose recorded outcome no maximum in the interval reproduces.
     pub unexplained: Vec<u32>,
+    /// The segments the trace got need more allowed than its OOMs allow (`(need, allowed)`):
+    /// no one maximum held over the whole run.
+    pub bounds_contradict: Option<(u64, u64)>,
     pub notes: Vec<String>,
 }
 
@@ -148,6 +151,7 @@ impl Budget {
             allowed_ooms: 0,
             reproduces: true,
             unexplained: Vec::new(),
+            bounds_contradict: None,
             notes: Vec::new(),
         }
     }
@@ -696,6 +700,7 @@ pub fn infer(
     let mut from = budget.from.clone();
     from.extend(&bounds.from);
     budget.notes.extend(bounds.note);
+    budget.bounds_contradict = bounds.contradiction;
     let refined = refine(trace, program, &opts(Some(hi)), lo, hi);
     let used = pick_used(refined.lo, refined.hi);
     let outcome = replay(program, &opts(Some(used)), EmptyCacheCalls::Infer(trace));
@@ -767,6 +772,8 @@ struct Bounds {
     from: Vec<u32>,
     /// Where the bounds contradict one another (then `lo..=hi` is the whole device).
     note: Option<String>,
+    /// The contradicting bounds: (least the segments need, most the OOMs allow).
+    contradiction: Option<(u64, u64)>,
 }
 
 impl Bounds {
@@ -793,7 +800,9 @@ impl Bounds {
             from.push(req);
         }
         let mut note = None;
+        let mut contradiction = None;
         if lo > hi {
+            contradiction = Some((lo, hi + 1));
             note = Some(format!(
                 "the segments the trace got need at least {} allowed, more than its OOMs allow ({}): the maximum was searched over the whole device",
                 format_size(lo),
@@ -802,7 +811,7 @@ impl Bounds {
             lo = 0;
             hi = d.saturating_sub(1);
         }
-        Bounds { lo, hi, from, note }
+        Bounds { lo, hi, from, note, contradiction }
     }
 }
 

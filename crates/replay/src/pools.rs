@@ -36,6 +36,10 @@
 //! * **`use_on_oom`.** A request recorded in a private pool's cached block while the default
 //!   pools could not serve it under the allowed maximum is read as `try_mempool_fallback`: the
 //!   request stays in the default route and the pool is marked `use_on_oom`.
+//! * **Kinds.** A pool made with `no_split=True` or with its own allocator shows it in what it
+//!   left: an allocated block `should_split` would have cut (final segments), a cudaMalloc'd
+//!   segment under expandable segments (final segments, or a segment instance the reading puts in
+//!   the pool): `crate::program::pool_kinds`, and [`Plan::apply`] for the instances.
 //! * **Checkpoints.** CUDA-graph trees restore their pool to a checkpoint before recording a new
 //!   graph (`_cuda_setCheckpointPoolState`, from `apply_checkpoint_execution_state_in_allocator`):
 //!   the allocations it makes are the checkpoint's blocks, taken in place, not mallocs. They are
@@ -75,6 +79,9 @@ struct Instance {
     hi: u64,
     /// Its final `segment_pool_id`, when alive at the end.
     final_pool: Option<MempoolId>,
+    /// `cudaMalloc`'d (`segment_alloc`), not mapped: in a private pool under expandable
+    /// segments, the pool has its own allocator.
+    malloced: bool,
 }
 
 /// The instances of a trace, the instance each request lies in, and the instance each release
@@ -99,7 +106,7 @@ fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: 
         match e.action {
             Action::SegmentAlloc => {
                 live.push(all.len() as u32);
-                all.push(Instance { created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(e.size), final_pool: None });
+                all.push(Instance { created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(e.size), final_pool: None, malloced: true });
             }
             Action::SegmentMap => match find(&all, &live, e.addr) {
                 Some(i) => *mapped.entry(i).or_default() += e.size,
@@ -107,7 +114,7 @@ fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: 
                     let i = all.len() as u32;
                     live.push(i);
                     mapped.insert(i, e.size);
-                    all.push(Instance { created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(reservation), final_pool: None });
+                    all.push(Instance { created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(reservation), final_pool: None, malloced: false });
                 }
             },
             Action::SegmentFree => {
@@ -235,7 +242,8 @@ impl Plan {
         let ids = self.ids(inst);
         let mut p = base.clone();
         p.private_pools.clear();
-        p.pool_actions.clear();
+        // What the final segments show of pools' kinds stays (`crate::program::pool_kinds`).
+        p.pool_actions.retain(|a| matches!(a.1, PoolAction::NoSplit(_) | PoolAction::CustomAllocator(_)));
         for (q, r) in p.requests.iter_mut().enumerate() {
             r.route = match inst.of_request.get(q).copied().flatten().map(|i| self.labels[i as usize]) {
                 Some(Label::Pool(g)) => Route::Private(ids[g as usize]),
@@ -289,6 +297,18 @@ impl Plan {
                 }
             }
             *op = Op::ReleaseRun { start: k, end: tail };
+        }
+        // A cudaMalloc'd segment in a private pool: the pool's own allocator where expandable
+        // segments are on (`crate::program::pool_kinds`); nothing changes where they are off.
+        for (i, inst) in inst.all.iter().enumerate() {
+            if let Label::Pool(g) = self.labels[i]
+                && inst.malloced
+            {
+                let a = PoolAction::CustomAllocator(ids[g as usize]);
+                if !p.pool_actions.iter().any(|x| x.1 == a) {
+                    p.pool_actions.push((0, a));
+                }
+            }
         }
         p.pool_actions.sort_by_key(|a| a.0);
         p
