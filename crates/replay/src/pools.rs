@@ -90,6 +90,18 @@ struct Instances {
     all: Vec<Instance>,
     of_request: Vec<Option<u32>>,
     of_release: IntMap<u32, u32>,
+    /// The recorded stack of each release entry (by trace index; 0: none recorded).
+    release_stacks: IntMap<u32, allocsim_trace::StackId>,
+}
+
+/// Where in the release entries `start..end` (trace indices) another call's releases begin:
+/// the first entry recorded with another stack than the first (each call records its own
+/// context: an `empty_cache()` its frames, a MemPool destructor the frames that dropped the
+/// pool, a malloc the request's). `None` where they all have one, or stacks were not recorded.
+fn call_boundary(inst: &Instances, start: u32, end: u32) -> Option<u32> {
+    let stack = |ti: u32| inst.release_stacks.get(&ti).copied().unwrap_or(0);
+    let first = stack(start.min(end.saturating_sub(1)));
+    (start..end).find(|&ti| first != 0 && stack(ti) != 0 && stack(ti) != first)
 }
 
 fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: u64) -> Instances {
@@ -102,7 +114,11 @@ fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: 
     let mut of_release = IntMap::default();
     let mut req = 0u32;
     let find = |all: &[Instance], live: &[u32], addr: u64| live.iter().copied().find(|&i| addr >= all[i as usize].lo && addr < all[i as usize].hi);
+    let mut release_stacks = IntMap::default();
     for (ti, e) in trace.iter().enumerate() {
+        if matches!(e.action, Action::SegmentFree | Action::SegmentUnmap) {
+            release_stacks.insert(ti as u32, e.stack);
+        }
         match e.action {
             Action::SegmentAlloc => {
                 live.push(all.len() as u32);
@@ -151,7 +167,7 @@ fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: 
             all[i as usize].final_pool = Some(s.pool_id);
         }
     }
-    Instances { all, of_request, of_release }
+    Instances { all, of_request, of_release, release_stacks }
 }
 
 /// A segment's pool: the default pools, or private pool group `.0`.
@@ -272,20 +288,26 @@ impl Plan {
                     k += 1;
                 }
             }
-            // Trailing private segments read as destructors after the run.
+            // Trailing private segments read as destructors after the run: those recorded with
+            // another stack than the run's first release (one call, one context: an
+            // `empty_cache()` records its own, a MemPool destructor the frames that dropped the
+            // pool), else all of them where that fits better.
             let mut tail = end;
-            if self.tail_drops.contains(&oi) {
+            let other_call = call_boundary(inst, k, end).filter(|&b| (b..end).all(|ti| pool_of(ti).is_some()));
+            if let Some(b) = other_call {
+                tail = b;
+            } else if self.tail_drops.contains(&oi) {
                 while tail > k && pool_of(tail - 1).is_some() {
                     tail -= 1;
                 }
-                let mut t = tail;
-                while t < end {
-                    let id = pool_of(t).expect("private");
-                    p.pool_actions.push((oi as u32 + 1, PoolAction::DropMemPool(id)));
-                    freeable.push(id);
-                    while t < end && pool_of(t) == Some(id) {
-                        t += 1;
-                    }
+            }
+            let mut t = tail;
+            while t < end {
+                let id = pool_of(t).expect("private");
+                p.pool_actions.push((oi as u32 + 1, PoolAction::DropMemPool(id)));
+                freeable.push(id);
+                while t < end && pool_of(t) == Some(id) {
+                    t += 1;
                 }
             }
             for ti in k..tail {
@@ -476,6 +498,41 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
                     best_p = p;
                     best_o = o;
                     best = s;
+                }
+            }
+            // A pool released on both sides of a run's call boundary (`call_boundary`) was made
+            // freeable by the first call, which released all of it: the second call's segments
+            // are another pool's.
+            for op in program.ops.iter() {
+                let Op::ReleaseRun { start, end } = *op else { continue };
+                let Some(b) = call_boundary(&inst, start, end) else { continue };
+                let label = |ti: u32| inst.of_release.get(&ti).map(|&i| plan.labels[i as usize]);
+                let before: Vec<Label> = (start..b).filter_map(label).filter(|l| matches!(l, Label::Pool(_))).collect();
+                let mut split: Vec<Label> = (b..end).filter_map(label).filter(|l| before.contains(l)).collect();
+                split.dedup();
+                for g in split {
+                    if trials >= max_trials {
+                        break;
+                    }
+                    let mut t = plan.clone();
+                    let fresh = Label::Pool(t.groups.len() as u32);
+                    t.groups.push(None);
+                    for ti in b..end {
+                        if let Some(&i) = inst.of_release.get(&ti)
+                            && t.labels[i as usize] == g
+                            && inst.all[i as usize].final_pool.is_none()
+                        {
+                            t.labels[i as usize] = fresh;
+                        }
+                    }
+                    let (p, o, s) = run(&t);
+                    trials += 1;
+                    if s >= best {
+                        plan = t;
+                        best_p = p;
+                        best_o = o;
+                        best = s;
+                    }
                 }
             }
             // Trailing private segments of a release run: destructors after it, where that fits better.
