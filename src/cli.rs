@@ -56,11 +56,11 @@ struct ReplayArgs {
     /// level and lists all in `devices`).
     #[arg(long)]
     device: Option<usize>,
-    /// The PyTorch release whose allocator rules apply, 2.1 to 2.15 (a snapshot does not record
-    /// its version; default 2.11; 2.1–2.4 were not measured: 2.5's rules). See
-    /// `allocsim_replay::version` for what changes.
-    #[arg(long, value_parser = allocsim_replay::TorchVersion::parse, default_value = "2.11")]
-    torch_version: allocsim_replay::TorchVersion,
+    /// The PyTorch release whose allocator rules apply, 2.1 to 2.15 (default: 2.11, measured,
+    /// unless the snapshot's `allocator_settings` shows another release; 2.12–2.15 and 2.1–2.10
+    /// are read from their wheels and sources, not measured). See docs/versions.md.
+    #[arg(long, value_parser = allocsim_replay::TorchVersion::parse)]
+    torch_version: Option<allocsim_replay::TorchVersion>,
     /// Read the whole trace with the general decoders (every value of a pickle built) before
     /// replaying it: the reference the default paths are tested against, slower and larger. By
     /// default a JSON Lines trace (.jsonl, .jsonl.gz) or a snapshot pickle (.pickle, .pickle.gz)
@@ -102,8 +102,8 @@ enum Command {
         #[arg(long)]
         device: Option<usize>,
         /// The PyTorch release whose allocator rules apply (see `replay --torch-version`).
-        #[arg(long, value_parser = allocsim_replay::TorchVersion::parse, default_value = "2.11")]
-        torch_version: allocsim_replay::TorchVersion,
+        #[arg(long, value_parser = allocsim_replay::TorchVersion::parse)]
+        torch_version: Option<allocsim_replay::TorchVersion>,
         /// Print one JSON object (each check's counts, the first difference, the budget) instead
         /// of the text.
         #[arg(long)]

@@ -308,7 +308,8 @@ fn a_segments_only_list_is_analysed_as_a_final_state() {
 #[test]
 fn older_torch_versions_are_accepted_and_said_unmeasured() {
     let r = success(&["replay", FRAG, "--torch-version", "2.3"]);
-    assert!(r.starts_with("note: PyTorch 2.3's allocator was not measured"), "{r}");
+    assert!(r.starts_with("rules: PyTorch 2.3 (asked with --torch-version"), "{r}");
+    assert!(r.contains("\nnote: PyTorch 2.3's allocator was not measured"), "{r}");
     let v = success(&["validate", FRAG, "--torch-version", "2.1"]);
     assert!(v.contains("not measured") && v.contains("\n  exact\n"), "{v}");
     // The legacy parser's rule (`max_split_size_mb` must be > 20) applies.

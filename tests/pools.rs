@@ -29,6 +29,7 @@ const POOL_RUNS: &[&str] = &[
     "mempool_random2__expandable",
     "mempool_random4__default",
     "mempool_random4__expandable",
+    "mempool_random3__default",
     "mempool_random3__expandable",
     "graphs__default",
     "graphs__expandable",

@@ -153,10 +153,7 @@ impl Snapshot {
         torch_version: Option<String>,
         addresses_from: Option<PyRef<'_, Snapshot>>,
     ) -> PyResult<Rendered> {
-        let torch_version = match torch_version {
-            Some(v) => TorchVersion::parse(&v).map_err(PyValueError::new_err)?,
-            None => TorchVersion::DEFAULT,
-        };
+        let torch_version = torch_version.map(|v| TorchVersion::parse(&v).map_err(PyValueError::new_err)).transpose()?;
         let o = ReplayOptions { config, capacity, device_memory, trace_capacity, placements, device, torch_version };
         let other = addresses_from.map(|s| s.snap.clone());
         py.detach(|| allocsim_commands::replay::replay(self.trace(), other.as_deref(), &o).map(|a| render(&a))).map_err(py_err)
@@ -309,10 +306,7 @@ fn replay_file(
     torch_version: Option<String>,
     addresses_from: Option<PathBuf>,
 ) -> PyResult<Rendered> {
-    let torch_version = match torch_version {
-        Some(v) => TorchVersion::parse(&v).map_err(PyValueError::new_err)?,
-        None => TorchVersion::DEFAULT,
-    };
+    let torch_version = torch_version.map(|v| TorchVersion::parse(&v).map_err(PyValueError::new_err)).transpose()?;
     let o = ReplayOptions { config, capacity, device_memory, trace_capacity, placements, device, torch_version };
     py.detach(|| {
         let f = allocsim_commands::file::ReplayFile { addresses_from: addresses_from.as_deref(), ..allocsim_commands::file::ReplayFile::new(&path) };

@@ -96,9 +96,12 @@ pub fn replay_file(f: ReplayFile<'_>, options: &ReplayOptions, note: &mut dyn Fn
                 Ok(FirstPass::Whole(snap)) => {
                     let holds = speculated.as_ref().is_some_and(|s| s.holds_for(&snap));
                     debug_speculation(&format!("holds: {holds}"), true);
-                    let answer = speculated.filter(|_| holds).and_then(|s| s.speculated.answer(&snap, &options.spec(None)));
+                    // Retries told by stacks, which a stream of entries does not keep: in memory.
+                    let retries = allocsim_replay::budget::shows_malloc_retries(&snap);
+                    let answer = speculated.filter(|_| holds && !retries).and_then(|s| s.speculated.answer(&snap, &options.spec(None)));
                     let v = match answer {
                         Some(v) => Some(v),
+                        None if retries => None,
                         None => stream_snapshot(&snap, f.path, file.len(), options, note)?,
                     };
                     read = Some(snap);
@@ -143,6 +146,7 @@ impl Beside {
     fn holds_for(&self, snap: &Snapshot) -> bool {
         let learned = &self.speculated.segment_entries;
         snap.settings == self.speculated.settings
+            && snap.settings.keys == self.speculated.settings.keys
             && snap.segments.len() == self.segments.len()
             && snap.segments.iter().zip(&self.segments).all(|(s, early)| {
                 // (The segments read early do not keep their blocks' stacks.)
@@ -268,6 +272,10 @@ fn stream_jsonl(file: &JsonlFile, options: &ReplayOptions, note: &mut dyn FnMut(
     let path = file.path();
     let name = path.display().to_string();
     let scan = file.scan().map_err(|e| trace_error(&name, e))?;
+    if allocsim_replay::budget::segment_events_allow_retries(&scan.segment_entries) {
+        // A malloc's retry is told by the entries' stacks, which a stream does not keep.
+        return Ok(None);
+    }
     let input = StreamInput {
         settings: &scan.header.settings,
         devices: scan.header.devices,
@@ -284,6 +292,10 @@ fn stream_jsonl(file: &JsonlFile, options: &ReplayOptions, note: &mut dyn FnMut(
 /// question one pass cannot answer.
 fn stream_pickle(file: &PickleFile, scan: PickleScan, options: &ReplayOptions, note: &mut dyn FnMut(&str)) -> Result<Option<Vec<ReplaySummary>>, Error> {
     let path = file.path();
+    if allocsim_replay::budget::segment_events_allow_retries(&scan.segment_entries) {
+        // A malloc's retry is told by the entries' stacks, which a stream does not keep.
+        return Ok(None);
+    }
     let input = StreamInput {
         settings: &scan.settings,
         devices: Some(scan.devices),

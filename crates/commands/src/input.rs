@@ -24,16 +24,17 @@ pub struct TraceOptions {
 impl TraceOptions {
     /// The trace made ready for replays under any settings.
     pub fn prepare(&self, snap: &Snapshot) -> Result<Prepared, Error> {
-        Ok(Prepared::new_for(snap, self.device, self.device_memory, self.trace_capacity, TorchVersion::DEFAULT)?)
+        Ok(Prepared::new_for(snap, self.device, self.device_memory, self.trace_capacity, rules_version(snap))?)
     }
 
     /// The trace made ready for a replay under `config` (default: the trace's own settings) and
     /// `capacity`, and that config. Replaying under the trace's own settings, `capacity` is also
     /// taken as the cap it was recorded under unless `trace_capacity` says otherwise.
     pub fn prepare_for(&self, snap: &Snapshot, config: Option<&str>, capacity: Option<u64>) -> Result<(Prepared, AllocatorConfig), Error> {
-        let own = allocsim_replay::recorded_config(snap)?;
+        let version = rules_version(snap);
+        let own = allocsim_replay::run::recorded_config_for(snap, version)?;
         let config = match config {
-            Some(c) => parse_config(c)?,
+            Some(c) => version.parse_config(c).map_err(|e| Error::Config { message: format!("--config {c:?}: {e}"), pytorch: e.to_string() })?,
             None => own.clone(),
         };
         let own_settings = {
@@ -43,9 +44,15 @@ impl TraceOptions {
             x == y
         };
         let trace_capacity = self.trace_capacity.or(if own_settings { capacity } else { None });
-        let p = Prepared::new_for(snap, self.device, self.device_memory, trace_capacity, TorchVersion::DEFAULT)?;
+        let p = Prepared::new_for(snap, self.device, self.device_memory, trace_capacity, version)?;
         Ok((p, config))
     }
+}
+
+/// The release whose rules a command uses on `snap` without `--torch-version`: 2.11, unless the
+/// snapshot shows another release (`allocsim_replay::version::Rules`).
+pub fn rules_version(snap: &Snapshot) -> TorchVersion {
+    allocsim_replay::version::Rules::choose(None, &snap.settings).version
 }
 
 /// A `PYTORCH_CUDA_ALLOC_CONF` string, with PyTorch's error text.

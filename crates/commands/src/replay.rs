@@ -5,6 +5,7 @@ use std::io::{self, Write};
 use allocsim_model::format::{format_size, oom_message};
 use allocsim_replay::program::Request;
 use allocsim_replay::replay::Oom;
+use allocsim_replay::version::Rules;
 use allocsim_replay::{ReplaySpec, ReplaySummary, TorchVersion};
 use allocsim_trace::Snapshot;
 use serde_json::{Value, json};
@@ -26,8 +27,9 @@ pub struct ReplayOptions {
     pub placements: Option<usize>,
     /// One device (default: every device with entries).
     pub device: Option<usize>,
-    /// The PyTorch release whose rules apply.
-    pub torch_version: TorchVersion,
+    /// The PyTorch release whose rules apply (default: chosen from the snapshot, see
+    /// [`allocsim_replay::version::Rules`]).
+    pub torch_version: Option<TorchVersion>,
 }
 
 impl ReplayOptions {
@@ -87,6 +89,11 @@ impl ReplayAnswer {
         ReplayAnswer { name: name.to_owned(), options, all, no_history }
     }
 
+    /// Which release's rules the replay used, and why (as the replay said, else from the options).
+    pub fn rules(&self) -> Rules {
+        self.all.iter().find_map(|r| r.rules.clone()).unwrap_or_else(|| Rules::choose(self.options.torch_version, &Default::default()))
+    }
+
     /// With the note of a snapshot without history (`Snapshot::no_history_note`).
     pub fn with_no_history(mut self, note: Option<String>) -> ReplayAnswer {
         self.no_history = note;
@@ -105,7 +112,9 @@ impl Answer for ReplayAnswer {
         let mut v = replay_json(self, &self.all[top], &self.all);
         v["device_choice"] = serde_json::to_value(&choice).expect("JSON");
         v["no_history"] = json!(self.no_history);
-        v["torch_version_note"] = json!(self.options.torch_version.note());
+        let rules = self.rules();
+        v["torch_version_note"] = json!(rules.version.note());
+        v["rules"] = rules.to_json();
         v
     }
 }
@@ -209,7 +218,7 @@ fn replay_json(args: &ReplayAnswer, r: &ReplaySummary, all: &[ReplaySummary]) ->
         "unknown_frees": r.unknown_frees,
         "initial_state": initial_state_json(r),
         "reconstruct_error": r.reconstruct_error,
-        "torch_version": args.options.torch_version.to_string(),
+        "torch_version": args.rules().version.to_string(),
         "devices": devices_json(all),
         "placements": if args.options.placements.is_some() { Value::from(placements) } else { Value::Null },
         "placement_independent": r.options.config.expandable_segments,
@@ -224,9 +233,7 @@ fn write_replay_text(out: &mut dyn Write, args: &ReplayAnswer, all: &[ReplaySumm
     if all.len() > 1 {
         writeln!(out, "{}: {} devices, each replayed on its own allocator; worst first (most OOMs, then highest peak reserved)", args.name, all.len())?;
     }
-    if let Some(note) = args.options.torch_version.note() {
-        writeln!(out, "note: {note}")?;
-    }
+    write_rules(out, &args.rules())?;
     if let Some(note) = &args.no_history {
         writeln!(out, "note: {note}")?;
     }
@@ -406,6 +413,19 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayAnswer, r: &ReplaySummary
     Ok(())
 }
 
+/// The lines every replay answer starts with: which release's rules, why, and how the recorded
+/// settings were read where that is not plain.
+fn write_rules(out: &mut dyn Write, rules: &Rules) -> io::Result<()> {
+    writeln!(out, "rules: {}", rules.line())?;
+    if let Some(note) = rules.version.note() {
+        writeln!(out, "note: {note}")?;
+    }
+    if let Some(note) = &rules.settings_note {
+        writeln!(out, "note: {note}")?;
+    }
+    Ok(())
+}
+
 /// `validate`'s options.
 #[derive(Clone, Debug, Default)]
 pub struct ValidateOptions {
@@ -415,8 +435,8 @@ pub struct ValidateOptions {
     pub device_memory: Option<u64>,
     /// One device (default: every device with entries).
     pub device: Option<usize>,
-    /// The PyTorch release whose rules apply.
-    pub torch_version: TorchVersion,
+    /// The PyTorch release whose rules apply (default: chosen from the snapshot).
+    pub torch_version: Option<TorchVersion>,
 }
 
 /// `validate`: a replay under the trace's own settings against its recording, for every device
@@ -434,7 +454,8 @@ pub fn validate(t: Trace<'_>, o: &ValidateOptions) -> Result<ValidateAnswer, Err
         .into_iter()
         .map(|i| DeviceValidation { device: runs[i].device, budget: runs[i].budget.clone(), validation: allocsim_replay::validate(&runs[i]) })
         .collect();
-    Ok(ValidateAnswer { name: t.name.to_owned(), devices, torch_version: o.torch_version, no_history: t.snapshot.no_history_note() })
+    let rules = spec.rules(&t.snapshot.settings);
+    Ok(ValidateAnswer { name: t.name.to_owned(), devices, rules, no_history: t.snapshot.no_history_note() })
 }
 
 /// One device's validation.
@@ -448,7 +469,8 @@ pub struct DeviceValidation {
 pub struct ValidateAnswer {
     pub name: String,
     pub devices: Vec<DeviceValidation>,
-    pub torch_version: TorchVersion,
+    /// Which release's rules, and why.
+    pub rules: Rules,
     pub no_history: Option<String>,
 }
 
@@ -464,9 +486,7 @@ impl Answer for ValidateAnswer {
         if self.devices.len() > 1 {
             writeln!(out, "{}: {} devices with entries, each validated on its own allocator", self.name, self.devices.len())?;
         }
-        if let Some(note) = self.torch_version.note() {
-            writeln!(out, "note: {note}")?;
-        }
+        write_rules(out, &self.rules)?;
         if let Some(note) = &self.no_history {
             writeln!(out, "note: {note}")?;
         }
@@ -490,7 +510,16 @@ impl Answer for ValidateAnswer {
                     a.first_divergence.as_ref().map(|d| format!("; first divergence: {d}")).unwrap_or_default()
                 )?;
             }
-            writeln!(out, "  {}", if v.exact { "exact" } else { "NOT exact" })?;
+            if v.exact {
+                writeln!(out, "  exact")?;
+            } else if v.settings_changed.is_empty() {
+                writeln!(out, "  NOT exact")?;
+            } else {
+                writeln!(out, "  NOT exact: the settings likely changed during the run (a snapshot records only the last ones, and the replay runs under those throughout):")?;
+                for why in &v.settings_changed {
+                    writeln!(out, "    - {why}")?;
+                }
+            }
         }
         Ok(())
     }
@@ -506,7 +535,8 @@ impl Answer for ValidateAnswer {
         let mut json = one(&self.devices[0]);
         json["exact"] = json!(self.exact());
         json["exact_device"] = json!(self.devices[0].validation.exact);
-        json["torch_version"] = json!(self.torch_version.to_string());
+        json["torch_version"] = json!(self.rules.version.to_string());
+        json["rules"] = self.rules.to_json();
         json["devices"] = Value::from(self.devices.iter().map(one).collect::<Vec<_>>());
         json
     }

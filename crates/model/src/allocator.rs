@@ -158,6 +158,9 @@ pub struct OutOfMemory {
     pub reserved_bytes: u64,
     /// Free cached bytes in private pools.
     pub allocated_in_private_pools: u64,
+    /// Refused before the driver was called (`throw_on_cudamalloc_oom`, 2.12+): no retry chain,
+    /// counted in `num_oom_rejections`, not in `num_ooms`.
+    pub preemptive: bool,
 }
 
 /// Why `alloc_block` could not get a new segment.
@@ -229,12 +232,17 @@ pub struct CachingAllocator<D: Device> {
     /// Mallocs in progress with an explicit [`Route::Private`] (a replay's inferred routing): they
     /// count as a capture underway, as the `beginAllocateToPool` that routed them would.
     routed_private: u32,
+    /// The current malloc's `alloc_block` was refused by `throw_on_cudamalloc_oom` (2.12+).
+    preemptively_rejected: bool,
     /// `graph_pools_freeable`, in `ska::flat_hash_map` order.
     pub graph_pools_freeable: MempoolIdSet,
     /// `use_on_oom_pools`.
     pub use_on_oom_pools: MempoolIdSet,
     /// `no_split_pools`.
     pub no_split_pools: MempoolIdSet,
+    /// MemPools made with their own allocator (`MemPool(allocator)`): `raw_alloc`/`raw_delete`
+    /// instead of cudaMalloc/cudaFree, and never expandable segments (`active_user_pool`).
+    pub custom_allocator_pools: MempoolIdSet,
     /// Record each malloc's steps into `steps` (for explanations; off by default).
     pub record_steps: bool,
     pub steps: Vec<MallocStep>,
@@ -291,9 +299,11 @@ impl<D: Device> CachingAllocator<D> {
             events: Vec::new(),
             captures_underway: Vec::new(),
             routed_private: 0,
+            preemptively_rejected: false,
             graph_pools_freeable: MempoolIdSet::default(),
             use_on_oom_pools: MempoolIdSet::default(),
             no_split_pools: MempoolIdSet::default(),
+            custom_allocator_pools: MempoolIdSet::default(),
             record_steps: false,
             steps: Vec::new(),
             largest_size_seen: 0,
@@ -503,6 +513,23 @@ impl<D: Device> CachingAllocator<D> {
         self.no_split_pools.insert(id);
     }
 
+    /// The MemPool `id` has its own allocator (`MemPool(allocator)`; the model calls the device
+    /// as that allocator's `raw_alloc` would call cudaMalloc): its requests never use expandable
+    /// segments.
+    pub fn set_custom_allocator(&mut self, id: MempoolId) {
+        self.custom_allocator_pools.insert(id);
+    }
+
+    /// `is_expandable_segments_active` for requests to `pool`: expandable segments are on and the
+    /// pool has no allocator of its own (`active_user_pool`).
+    fn expandable_segments_active(&self, pool: PoolIdx) -> bool {
+        self.config.expandable_segments
+            && (self.custom_allocator_pools.is_empty()
+                || !self.pools[pool as usize]
+                    .owner_private_pool
+                    .is_some_and(|pp| self.custom_allocator_pools.contains(self.private_pools[pp as usize].id)))
+    }
+
     /// `torch.cuda.MemPool(use_on_oom, no_split)`: the constructor's `createOrIncrefPool`,
     /// `setUseOnOOM`, `setNoSplit`.
     pub fn mem_pool_new(&mut self, id: MempoolId, use_on_oom: bool, no_split: bool) {
@@ -584,7 +611,7 @@ impl<D: Device> CachingAllocator<D> {
             stream,
             pool,
             alloc_size: self.config.get_allocation_size(size),
-            is_expandable_segments_active: self.config.expandable_segments,
+            is_expandable_segments_active: self.expandable_segments_active(pool),
             block: NIL,
         };
         self.find_free_block(&p).is_some()
@@ -604,13 +631,12 @@ impl<D: Device> CachingAllocator<D> {
         self.note_size(size);
         let pool = self.get_pool(size, stream, route);
         let alloc_size = self.config.get_allocation_size(size);
-        // No custom allocators are modelled, so expandable segments are active in every pool.
         let mut p = AllocParams {
             size,
             stream,
             pool,
             alloc_size,
-            is_expandable_segments_active: self.config.expandable_segments,
+            is_expandable_segments_active: self.expandable_segments_active(pool),
             block: NIL,
         };
         let routed = matches!(route, Route::Private(_));
@@ -637,6 +663,13 @@ impl<D: Device> CachingAllocator<D> {
             //   || (release_available_cached_blocks && alloc_block)
             //   || (no capture underway && release_cached_blocks && alloc_block(isRetry))
             found = self.alloc_block(&mut p, false);
+            if !found && self.preemptively_rejected {
+                self.preemptively_rejected = false;
+                if routed {
+                    self.routed_private -= 1;
+                }
+                return Err(self.preemptive_rejection(orig_size, size, alloc_size, stream, pool));
+            }
             if !found {
                 found = self.try_mempool_fallback(&mut p);
             }
@@ -686,10 +719,36 @@ impl<D: Device> CachingAllocator<D> {
                 allocated_bytes: self.stats.allocated_bytes.all().current as u64,
                 reserved_bytes: self.stats.reserved_bytes.all().current as u64,
                 allocated_in_private_pools,
+                preemptive: false,
             });
         }
         let split_remainder = self.should_split(p.block, p.size, p.is_expandable_segments_active);
         Ok(self.alloc_found_block(&p, orig_size, split_remainder))
+    }
+
+    /// `throw_on_cudamalloc_oom`'s refusal (2.12+): `num_oom_rejections` counts it; no `oom`
+    /// trace entry, no `num_ooms` (the OOM-rejection observers are told instead). What the 2.12
+    /// wheel shows of it: the texts "Preemptively rejecting allocation: requested …" and "CUDA out
+    /// of memory. Allocation was preemptively rejected because it would exceed
+    /// per_process_memory_fraction limit. Requested size: …", the `num_oom_rejections` stat and
+    /// `OomRejectionObserver`; its code was not read.
+    fn preemptive_rejection(&mut self, orig_size: u64, size: u64, alloc_size: u64, stream: u64, pool: PoolIdx) -> OutOfMemory {
+        self.stats.num_oom_rejections += 1;
+        let (device_free, device_total) = self.device.mem_get_info();
+        OutOfMemory {
+            orig_size,
+            rounded_size: size,
+            alloc_size,
+            stream,
+            is_small: self.is_small(pool),
+            device_free,
+            device_total,
+            allowed_memory_maximum: self.allowed_memory_maximum,
+            allocated_bytes: self.stats.allocated_bytes.all().current as u64,
+            reserved_bytes: self.stats.reserved_bytes.all().current as u64,
+            allocated_in_private_pools: 0,
+            preemptive: true,
+        }
     }
 
     /// `try_mempool_fallback` (2.11: right after the first `alloc_block` fails): unless the request
@@ -991,6 +1050,12 @@ impl<D: Device> CachingAllocator<D> {
         }
         if let Some(allowed) = self.allowed_memory_maximum
             && allowed < self.limit_flip(size) {
+                // 2.12+ `throw_on_cudamalloc_oom`: the request is refused here, before the
+                // driver, and malloc's retry chain does not run (PR #179473's description and
+                // the 2.12 wheel's strings; not measured).
+                if self.config.throw_on_cudamalloc_oom {
+                    self.preemptively_rejected = true;
+                }
                 if self.record_steps {
                     let result = Err(AllocFailure::OverLimit { total_allocated: self.total_allocated_memory, alloc_size: size, allowed });
                     self.steps.push(MallocStep::AllocBlock { is_retry, result });
@@ -1294,7 +1359,7 @@ impl<D: Device> CachingAllocator<D> {
         }
         let segment_size = if self.is_small(pool) { K_SMALL_BUFFER } else { self.config.large_segment_size };
         let total = self.device.mem_get_info().1;
-        let max_handles = (total + total / 8).div_ceil(segment_size);
+        let max_handles = self.config.expandable_reservation_pages(total, segment_size);
         let ptr = self.device.reserve(max_handles * segment_size);
         let es = self.expandable_segments.len() as u32;
         self.expandable_segments.push(Some(ExpandableSegment { ptr, segment_size, max_handles, stream, mapped_size: 0 }));
@@ -1688,7 +1753,7 @@ impl<D: Device> CachingAllocator<D> {
         let pool = self.restore_pool(small, route);
         let segment_size = if small { K_SMALL_BUFFER } else { self.config.large_segment_size };
         let total = self.device.mem_get_info().1;
-        let max_handles = (total + total / 8).div_ceil(segment_size);
+        let max_handles = self.config.expandable_reservation_pages(total, segment_size);
         let res_size = max_handles * segment_size;
         let mut at = 0;
         for &(off, len) in mapped {
@@ -1819,6 +1884,7 @@ impl<D: Device> CachingAllocator<D> {
         }
         s.num_alloc_retries = 0;
         s.num_ooms = 0;
+        s.num_oom_rejections = 0;
         s.num_sync_all_streams = 0;
         s.num_device_alloc = 0;
         s.num_device_free = 0;

@@ -28,6 +28,22 @@ pub struct AllocatorConfig {
     pub pinned_reserve_segment_size_mb: u64,
     /// `backend` (`native` or `cudaMallocAsync`).
     pub backend_native: bool,
+    /// `throw_on_cudamalloc_oom` (2.12+): with an allowed maximum, a request whose new segment
+    /// would exceed it is refused before the driver is called, without the retry chain.
+    pub throw_on_cudamalloc_oom: bool,
+    /// `pinned_free_catch_all` (2.12+; the pinned host allocator only).
+    pub pinned_free_catch_all: bool,
+    /// `pinned_max_round_threshold_mb`, `pinned_max_cached_size_mb` (2.13+; the pinned host
+    /// allocator only), in MB as given.
+    pub pinned_max_round_threshold_mb: Option<u64>,
+    pub pinned_max_cached_size_mb: Option<u64>,
+    /// `expandable_segments_reserve` (2.15+): the address space each new expandable segment
+    /// reserves, when valid (an invalid value is ignored with a warning, as PyTorch does).
+    pub expandable_segments_reserve: Option<ReserveSpec>,
+    /// `expandable_segments_reserve_by_class` (2.15+): reserves of named stream classes. Streams
+    /// are put in a class at run time (`setExpandableSegmentReserveClassForStream`), which a
+    /// snapshot does not record: kept, not applied.
+    pub expandable_segments_reserve_by_class: Vec<(String, ReserveSpec)>,
     /// The string these settings were parsed from (`allocator_settings["PYTORCH_CUDA_ALLOC_CONF"]`).
     pub source: String,
 }
@@ -49,9 +65,53 @@ impl Default for AllocatorConfig {
             pinned_use_background_threads: false,
             pinned_reserve_segment_size_mb: 0,
             backend_native: true,
+            throw_on_cudamalloc_oom: false,
+            pinned_free_catch_all: false,
+            pinned_max_round_threshold_mb: None,
+            pinned_max_cached_size_mb: None,
+            expandable_segments_reserve: None,
+            expandable_segments_reserve_by_class: Vec::new(),
             source: String::new(),
         }
     }
+}
+
+/// An `expandable_segments_reserve` value (2.15, `ExpandableSegmentReserveSpec`): a fraction of
+/// the device's memory (`0.5`), or GiB (`40G`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReserveSpec {
+    pub is_fraction: bool,
+    pub value: f64,
+}
+
+impl ReserveSpec {
+    /// `resolveBytes(total_global_mem)`: the bytes, saturating at `SIZE_MAX`.
+    pub fn resolve_bytes(&self, total: u64) -> u64 {
+        let bytes = if self.is_fraction { self.value * total as f64 } else { self.value * (1u64 << 30) as f64 };
+        if bytes >= u64::MAX as f64 { u64::MAX } else { bytes as u64 }
+    }
+
+    /// `parseReserveSpec(token)`: a trailing `G`/`g` means GiB, else a fraction; the number must
+    /// parse whole, be finite and positive, else `None` (PyTorch warns and keeps its default).
+    pub fn parse(token: &str) -> Option<ReserveSpec> {
+        let gib = token.ends_with(['G', 'g']);
+        let num = if gib { &token[..token.len() - 1] } else { token };
+        // `istringstream >> double` in the C locale, then `eof()`: the whole token is the number.
+        let ok = !num.is_empty() && num.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-'));
+        let value: f64 = if ok { num.parse().ok()? } else { return None };
+        (value.is_finite() && value > 0.0).then_some(ReserveSpec { is_fraction: !gib, value })
+    }
+}
+
+/// Which keys a release line accepts beyond 2.11's (the parsers are otherwise 2.11's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaterKeys {
+    /// 2.12+: `throw_on_cudamalloc_oom`, `pinned_free_catch_all`.
+    pub v2_12: bool,
+    /// 2.13+: `pinned_max_round_threshold_mb`, `pinned_max_cached_size_mb`.
+    pub v2_13: bool,
+    /// 2.15+: `expandable_segments_reserve`, `expandable_segments_reserve_by_class`.
+    pub v2_15: bool,
 }
 
 /// A settings string PyTorch would refuse. The message is PyTorch's C++ message, without the Python
@@ -63,8 +123,13 @@ pub struct ConfigError(pub String);
 impl AllocatorConfig {
     /// Parses a `PYTORCH_CUDA_ALLOC_CONF` string onto the defaults, as at process start.
     pub fn parse(conf: &str) -> Result<AllocatorConfig, ConfigError> {
+        AllocatorConfig::parse_with(conf, LaterKeys::default())
+    }
+
+    /// [`AllocatorConfig::parse`] accepting the keys of a later release (`later`).
+    pub fn parse_with(conf: &str, later: LaterKeys) -> Result<AllocatorConfig, ConfigError> {
         let mut c = AllocatorConfig::default();
-        crate::config_parse::apply_env(&mut c, conf)?;
+        crate::config_parse::apply_env(&mut c, conf, later)?;
         Ok(c)
     }
 
@@ -78,7 +143,25 @@ impl AllocatorConfig {
     /// `max_split_size`, `roundup_power2_divisions`, `garbage_collection_threshold` and
     /// `max_non_split_rounding_size` are reset first; other keys keep their value when absent.
     pub fn apply(&mut self, conf: &str) -> Result<(), ConfigError> {
-        crate::config_parse::apply_runtime(self, conf)
+        crate::config_parse::apply_runtime(self, conf, LaterKeys::default())
+    }
+
+    /// [`AllocatorConfig::apply`] accepting the keys of a later release (`later`).
+    pub fn apply_with(&mut self, conf: &str, later: LaterKeys) -> Result<(), ConfigError> {
+        crate::config_parse::apply_runtime(self, conf, later)
+    }
+
+    /// The address space a new expandable segment reserves on a device of `total` bytes, in
+    /// pages of `segment_size`: `1.125 × total` rounded up to pages (`numSegments`), or (2.15)
+    /// `expandable_segments_reserve` where it is smaller (`clamp_reserve_bytes`), at least one
+    /// page.
+    pub fn expandable_reservation_pages(&self, total: u64, segment_size: u64) -> u64 {
+        let full = total + total / 8;
+        let bytes = match self.expandable_segments_reserve {
+            Some(r) => r.resolve_bytes(total).min(full),
+            None => full,
+        };
+        bytes.div_ceil(segment_size).max(1)
     }
 
     /// `roundup_power2_divisions(size)`: the divisions of the interval `size` falls in.

@@ -51,7 +51,7 @@
 //! settings are still untouched defaults (what `AllocatorConfig::parse` passes it) and the runtime
 //! rules otherwise. [`apply_env`] and [`apply_runtime`] choose explicitly.
 
-use crate::config::{AllocatorConfig, ConfigError};
+use crate::config::{AllocatorConfig, ConfigError, LaterKeys, ReserveSpec};
 use crate::constants::{MIB, ROUNDUP_INTERVALS};
 
 /// `kMinLargeAlloc / kMB`: `large_segment_size_mb` must be greater than this.
@@ -85,6 +85,21 @@ const CUDA_KEYS: [&str; 9] = [
     "per_process_memory_fraction",
 ];
 
+/// Keys of the generic parser added after 2.11 (2.13: `AllocatorConfig.h`'s `getMutableKeys`).
+const GENERIC_KEYS_2_13: [&str; 2] = ["pinned_max_round_threshold_mb", "pinned_max_cached_size_mb"];
+/// Keys of the CUDA hook added after 2.11 (`CUDAAllocatorConfig::getKeys()` of 2.12 and 2.15).
+const CUDA_KEYS_2_12: [&str; 2] = ["pinned_free_catch_all", "throw_on_cudamalloc_oom"];
+const CUDA_KEYS_2_15: [&str; 2] = ["expandable_segments_reserve", "expandable_segments_reserve_by_class"];
+
+/// Whether either parser knows `key` (with the keys of the later release `later`).
+fn known_key(key: &str, later: LaterKeys) -> bool {
+    GENERIC_KEYS.contains(&key)
+        || CUDA_KEYS.contains(&key)
+        || (later.v2_12 && CUDA_KEYS_2_12.contains(&key))
+        || (later.v2_13 && GENERIC_KEYS_2_13.contains(&key))
+        || (later.v2_15 && CUDA_KEYS_2_15.contains(&key))
+}
+
 /// Where a settings string comes from; decides the parser order and the unknown-key text.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Origin {
@@ -95,26 +110,26 @@ enum Origin {
 }
 
 /// Applies `conf` as read from the environment at process start.
-pub(crate) fn apply_env(cfg: &mut AllocatorConfig, conf: &str) -> Result<(), ConfigError> {
-    apply_with(cfg, conf, Origin::Env)
+pub(crate) fn apply_env(cfg: &mut AllocatorConfig, conf: &str, later: LaterKeys) -> Result<(), ConfigError> {
+    apply_with(cfg, conf, Origin::Env, later)
 }
 
 /// Applies `conf` as `setAllocatorSettings` does at run time.
-pub(crate) fn apply_runtime(cfg: &mut AllocatorConfig, conf: &str) -> Result<(), ConfigError> {
-    apply_with(cfg, conf, Origin::Runtime)
+pub(crate) fn apply_runtime(cfg: &mut AllocatorConfig, conf: &str, later: LaterKeys) -> Result<(), ConfigError> {
+    apply_with(cfg, conf, Origin::Runtime, later)
 }
 
-fn apply_with(cfg: &mut AllocatorConfig, conf: &str, origin: Origin) -> Result<(), ConfigError> {
+fn apply_with(cfg: &mut AllocatorConfig, conf: &str, origin: Origin, later: LaterKeys) -> Result<(), ConfigError> {
     let t = Tokenizer::new(conf);
     match origin {
         Origin::Env => {
             load_time_walk(&t)?;
-            parse_cuda(cfg, &t, origin)?;
-            parse_generic(cfg, &t, conf)
+            parse_cuda(cfg, &t, origin, later)?;
+            parse_generic(cfg, &t, conf, later)
         }
         Origin::Runtime => {
-            parse_generic(cfg, &t, conf)?;
-            parse_cuda(cfg, &t, origin)
+            parse_generic(cfg, &t, conf, later)?;
+            parse_cuda(cfg, &t, origin, later)
         }
     }
 }
@@ -467,7 +482,7 @@ fn load_time_walk(t: &Tokenizer) -> Result<(), ConfigError> {
 // ---------------------------------------------------------------------------------------------
 // AcceleratorAllocatorConfig::parseArgs
 
-fn parse_generic(cfg: &mut AllocatorConfig, t: &Tokenizer, env: &str) -> Result<(), ConfigError> {
+fn parse_generic(cfg: &mut AllocatorConfig, t: &Tokenizer, env: &str, later: LaterKeys) -> Result<(), ConfigError> {
     // Reset on every parse (measured: settings_runtime_reset, non_split_reset_runtime).
     cfg.max_split_size = u64::MAX;
     cfg.roundup_power2_divisions = [0; ROUNDUP_INTERVALS];
@@ -523,9 +538,21 @@ fn parse_generic(cfg: &mut AllocatorConfig, t: &Tokenizer, env: &str) -> Result<
                 cfg.pinned_use_background_threads = t.to_bool(i + 2)?;
                 i + 2
             }
+            // 2.13 (`parsePinnedMaxRoundThreshold`, `parsePinnedMaxCachedSize`): sizes in MB for
+            // the pinned host allocator; their checks were not read (any `size_t` is taken).
+            "pinned_max_round_threshold_mb" | "pinned_max_cached_size_mb" if later.v2_13 => {
+                t.check_token(i + 1)?;
+                let v = t.to_size_t(i + 2)?;
+                if key == "pinned_max_round_threshold_mb" {
+                    cfg.pinned_max_round_threshold_mb = Some(v);
+                } else {
+                    cfg.pinned_max_cached_size_mb = Some(v);
+                }
+                i + 2
+            }
             _ => {
                 // The CUDA hook is registered, so unknown keys are rejected here too.
-                if !GENERIC_KEYS.contains(&key) && !CUDA_KEYS.contains(&key) {
+                if !known_key(key, later) {
                     return Err(value_error(format!(
                         "Unrecognized key '{key}' in Accelerator allocator config."
                     )));
@@ -653,7 +680,7 @@ fn parse_roundup_power2_divisions(
 // ---------------------------------------------------------------------------------------------
 // CUDAAllocatorConfig::parseArgs
 
-fn parse_cuda(cfg: &mut AllocatorConfig, t: &Tokenizer, origin: Origin) -> Result<(), ConfigError> {
+fn parse_cuda(cfg: &mut AllocatorConfig, t: &Tokenizer, origin: Origin, later: LaterKeys) -> Result<(), ConfigError> {
     let mut i = 0;
     while i < t.len() {
         let key = t.tokens[i].as_str();
@@ -744,8 +771,56 @@ fn parse_cuda(cfg: &mut AllocatorConfig, t: &Tokenizer, origin: Origin) -> Resul
                 cfg.per_process_memory_fraction = Some(v);
                 i + 2
             }
+            // 2.12 (`parsePinnedFreeCatchAll`, `parseThrowOnCudaMallocOom`): booleans.
+            "pinned_free_catch_all" | "throw_on_cudamalloc_oom" if later.v2_12 => {
+                t.check_token(i + 1)?;
+                let v = t.to_bool(i + 2)?;
+                if key == "throw_on_cudamalloc_oom" {
+                    cfg.throw_on_cudamalloc_oom = v;
+                } else {
+                    cfg.pinned_free_catch_all = v;
+                }
+                i + 2
+            }
+            // 2.15 (`parseExpandableSegmentsReserve`): an invalid value is ignored (PyTorch warns).
+            "expandable_segments_reserve" if later.v2_15 => {
+                t.check_token(i + 1)?;
+                if let Some(spec) = ReserveSpec::parse(t.check_index(i + 2)?) {
+                    cfg.expandable_segments_reserve = Some(spec);
+                }
+                i + 2
+            }
+            // 2.15 (`parseExpandableSegmentsReserveByClass`): `[name:value,...]`, a malformed
+            // entry skipped; the map replaces the previous one.
+            "expandable_segments_reserve_by_class" if later.v2_15 => {
+                t.check_token(i + 1)?;
+                let mut j = i + 2;
+                if t.check_index(j)? != "[" {
+                    return Err(value_error(format!(
+                        "Expected '[' at index {j} in ConfigTokenizer but got '{}'",
+                        t.tokens[j]
+                    )));
+                }
+                let mut parsed: Vec<(String, ReserveSpec)> = Vec::new();
+                while t.check_index(j + 1)? != "]" {
+                    j += 1;
+                    let name = t.tokens[j].clone();
+                    j += 1;
+                    t.check_token(j)?;
+                    j += 1;
+                    if let Some(spec) = ReserveSpec::parse(t.check_index(j)?) {
+                        parsed.retain(|(n, _)| *n != name);
+                        parsed.push((name, spec));
+                    }
+                    if t.check_index(j + 1)? == "," {
+                        j += 1;
+                    }
+                }
+                cfg.expandable_segments_reserve_by_class = parsed;
+                j + 1
+            }
             _ => {
-                if !GENERIC_KEYS.contains(&key) && !CUDA_KEYS.contains(&key) {
+                if !known_key(key, later) {
                     return Err(value_error(format!(
                         "Unrecognized key '{key}' in CUDA allocator config."
                     )));

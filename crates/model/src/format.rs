@@ -19,6 +19,14 @@ pub fn format_size(size: u64) -> String {
 /// per-process line (`"Including non-PyTorch memory, this process has X memory in use. "`), which
 /// a simulator cannot know unless the caller supplies it.
 pub fn oom_message(oom: &OutOfMemory, device_index: i32, proc_info: &str) -> String {
+    if oom.preemptive {
+        // 2.12+ `throw_on_cudamalloc_oom`: the message's beginning as the 2.12 wheel holds it;
+        // what follows "Requested size: " was not read (allocsim gives the segment size).
+        return format!(
+            "CUDA out of memory. Allocation was preemptively rejected because it would exceed per_process_memory_fraction limit. Requested size: {}",
+            format_size(oom.alloc_size)
+        );
+    }
     let allowed_info = oom.allowed_memory_maximum.map(|a| format!("{} allowed; ", format_size(a))).unwrap_or_default();
     let private_msg = if oom.allocated_in_private_pools > 0 {
         format!("with {} allocated in private pools (e.g., CUDA Graphs), ", format_size(oom.allocated_in_private_pools))

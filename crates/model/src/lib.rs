@@ -17,6 +17,6 @@ pub mod free_set;
 pub mod stats;
 
 pub use allocator::{BlockId, CachingAllocator, Event, EventKind, OutOfMemory, PoolFilter, Route};
-pub use config::{AllocatorConfig, ConfigError};
+pub use config::{AllocatorConfig, ConfigError, LaterKeys, ReserveSpec};
 pub use device::{Device, Placement, SimDevice};
 pub use stats::DeviceStats;

@@ -77,6 +77,8 @@ pub struct DeviceStats {
     pub num_sync_all_streams: i64,
     pub num_device_alloc: i64,
     pub num_device_free: i64,
+    /// `num_oom_rejections` (2.12+): requests `throw_on_cudamalloc_oom` refused.
+    pub num_oom_rejections: i64,
     /// `max_split_size` at allocator construction; −1 = unlimited.
     pub max_split_size: i64,
 }
@@ -130,6 +132,10 @@ impl DeviceStats {
         m.insert("num_device_alloc".into(), self.num_device_alloc);
         m.insert("num_device_free".into(), self.num_device_free);
         m.insert("max_split_size".into(), self.max_split_size);
+        // 2.12+ has the key always; 2.11 has none, so it is shown only once it counts something.
+        if self.num_oom_rejections != 0 {
+            m.insert("num_oom_rejections".into(), self.num_oom_rejections);
+        }
         m
     }
 }

@@ -17,6 +17,17 @@
 //!   outside the allocator ([`OutsideMemory`]), which the simulated device holds back, so the
 //!   real failure path runs: `cudaMalloc` fails, cached blocks are released, the retry fails, and
 //!   the message's "of which X is free" is the recorded figure.
+//! * **A retry on a full device.** A malloc whose first `alloc_block` fails (the device refuses
+//!   the `cudaMalloc` or the pages) releases the cached blocks (`release_cached_blocks`) and
+//!   tries again (`num_alloc_retries`); only if that fails too is there an OOM entry. The trace
+//!   shows the releases right before the malloc's own new segment or pages and its `alloc`, and
+//!   the releases carry the malloc's stack (the context `malloc` gathered), where an
+//!   `empty_cache()` call's carry that call's ([`MallocRetries`]). A trace without OOM entries
+//!   that shows such retries had a full device there: the allocator could have at least what it
+//!   reserved after the retry's new memory, and less than it held before the releases plus what
+//!   the first attempt asked for. The least such memory is taken at each retry, raised where a
+//!   later success needed more, as for device-full OOMs; the reading is kept where the replay
+//!   under it reproduces the recorded segment events and makes every retry.
 //! * **Allowed maximum.** `device_free` at or above `alloc_size` says the device had room: the
 //!   fraction check refused (`total_allocated_memory + alloc_size > allowed`, with `alloc_size`
 //!   on the expandable path too). Every new segment says `allowed ≥ reserved + alloc_size` at its
@@ -45,7 +56,7 @@ use allocsim_model::allocator::{CachingAllocator, LimitProbe};
 use allocsim_model::constants::{H200_TOTAL_MEMORY, K_LARGE_BUFFER, K_SMALL_BUFFER};
 use allocsim_model::format::format_size;
 use allocsim_model::{AllocatorConfig, Placement, SimDevice};
-use allocsim_trace::{Action, SnapshotSegment, TraceEntry};
+use allocsim_trace::{Action, SnapshotSegment, StackId, TraceEntry};
 
 use crate::program::{Op, Program};
 use crate::replay::{
@@ -106,6 +117,104 @@ pub struct DeviceFullOom {
     pub outside: u64,
 }
 
+/// A malloc that retried after the device refused its first attempt (see [`MallocRetries`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceFullRetry {
+    pub request: u32,
+    /// Bytes reserved before the malloc's releases.
+    pub reserved_before: u64,
+    /// Bytes reserved after its releases, before its new memory.
+    pub reserved_released: u64,
+    /// Bytes reserved after the retry's new memory: the least the allocator could have.
+    pub available: u64,
+}
+
+/// The rule that tells a malloc's own retry from an `empty_cache()` call: a run of segment
+/// releases (`segment_free`/`segment_unmap`, with `free_completed` from the synchronization
+/// before them) right before a malloc's new segment or pages and its `alloc` entry, every release
+/// carrying the `alloc`'s stack. `malloc` gathers its context once and hands it to
+/// `release_cached_blocks`, so its releases record the malloc's stack; `empty_cache()` records
+/// its own (the `empty_cache` frame). A trace recorded without stacks shows neither: the rule
+/// then finds nothing. The same shape comes from `garbage_collect_cached_blocks` and
+/// `release_available_cached_blocks` inside a malloc; the budget keeps a retry reading only where
+/// the replay under it reproduces the trace.
+#[derive(Clone, Debug, Default)]
+pub struct MallocRetries {
+    reserved: i64,
+    req: u32,
+    state: RetryState,
+    pub found: Vec<DeviceFullRetry>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+enum RetryState {
+    #[default]
+    Idle,
+    /// Releases seen: (reserved before them, their stack, all of them with it).
+    Releasing(u64, StackId, bool),
+    /// New memory after them: (reserved before the releases, after them, stack, same).
+    Growing(u64, u64, StackId, bool),
+}
+
+impl MallocRetries {
+    /// From a trace whose allocator held `initial_reserved` bytes before its first entry.
+    pub fn with_initial(initial_reserved: u64) -> MallocRetries {
+        MallocRetries { reserved: initial_reserved as i64, ..MallocRetries::default() }
+    }
+
+    /// The next entry.
+    pub fn push(&mut self, e: &TraceEntry) {
+        let r = self.reserved.max(0) as u64;
+        self.state = match (e.action, self.state) {
+            (Action::SegmentFree | Action::SegmentUnmap, RetryState::Releasing(before, stack, same)) => {
+                RetryState::Releasing(before, stack, same && e.stack == stack)
+            }
+            (Action::SegmentFree | Action::SegmentUnmap, _) => RetryState::Releasing(r, e.stack, true),
+            (Action::FreeCompleted, st) => st,
+            (Action::SegmentAlloc | Action::SegmentMap, RetryState::Releasing(before, stack, same)) => RetryState::Growing(before, r, stack, same),
+            (Action::SegmentAlloc | Action::SegmentMap, st @ RetryState::Growing(..)) => st,
+            (Action::Alloc, RetryState::Growing(before, released, stack, same)) => {
+                if same && stack != 0 && e.stack == stack && released < before {
+                    self.found.push(DeviceFullRetry { request: self.req, reserved_before: before, reserved_released: released, available: r });
+                }
+                RetryState::Idle
+            }
+            _ => RetryState::Idle,
+        };
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => self.reserved += e.size as i64,
+            Action::SegmentFree | Action::SegmentUnmap => self.reserved -= e.size as i64,
+            Action::Alloc | Action::Oom => self.req += 1,
+            _ => {}
+        }
+    }
+}
+
+/// Whether any device of `snap` shows a malloc's retry ([`MallocRetries`]) and no OOM entry: a
+/// budget the in-memory replay infers from stacks, which a stream of entries without stacks
+/// cannot (`allocsim_commands::file` replays such a snapshot in memory).
+pub fn shows_malloc_retries(snap: &allocsim_trace::Snapshot) -> bool {
+    snap.device_traces.iter().any(|t| {
+        if t.iter().any(|e| e.action == Action::Oom) {
+            return false;
+        }
+        let mut m = MallocRetries::default();
+        t.iter().for_each(|e| m.push(e));
+        !m.found.is_empty()
+    })
+}
+
+/// Whether segment events alone (per device, as a file's first pass reads them) leave room for a
+/// malloc's retry ([`MallocRetries`]): a release right before a new segment or pages. Where they
+/// do, only the entries' stacks tell, and a stream of entries does not keep them.
+pub fn segment_events_allow_retries(segment_entries: &[Vec<TraceEntry>]) -> bool {
+    segment_entries.iter().any(|t| {
+        t.windows(2).any(|w| {
+            matches!(w[0].action, Action::SegmentFree | Action::SegmentUnmap) && matches!(w[1].action, Action::SegmentAlloc | Action::SegmentMap)
+        })
+    })
+}
+
 /// The memory budget a trace was recorded under.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Budget {
@@ -117,6 +226,8 @@ pub struct Budget {
     pub allowed_used: Option<u64>,
     /// The OOMs that show a full device, in order.
     pub device_full: Vec<DeviceFullOom>,
+    /// The mallocs that retried on a full device without an OOM ([`MallocRetries`]), in order.
+    pub retries: Vec<DeviceFullRetry>,
     /// Memory outside the allocator over time (device full).
     pub outside: OutsideMemory,
     pub device_memory: DeviceMemory,
@@ -129,6 +240,9 @@ pub struct Budget {
     pub reproduces: bool,
     /// Requests whose recorded outcome no maximum in the interval reproduces.
     pub unexplained: Vec<u32>,
+    /// The segments the trace got need more allowed than its OOMs allow (`(need, allowed)`):
+    /// no one maximum held over the whole run.
+    pub bounds_contradict: Option<(u64, u64)>,
     pub notes: Vec<String>,
 }
 
@@ -141,6 +255,7 @@ impl Budget {
             allowed_high: None,
             allowed_used: None,
             device_full: Vec::new(),
+            retries: Vec::new(),
             outside: OutsideMemory::default(),
             device_memory,
             from: Vec::new(),
@@ -148,6 +263,7 @@ impl Budget {
             allowed_ooms: 0,
             reproduces: true,
             unexplained: Vec::new(),
+            bounds_contradict: None,
             notes: Vec::new(),
         }
     }
@@ -205,6 +321,18 @@ impl Budget {
                     ));
                 }
             }
+        }
+        if let Some(first) = self.retries.first() {
+            let n = self.retries.len();
+            out.push(format!(
+                "the device refused the first cudaMalloc/map of {n} request{} ({}), which released the cached blocks and retried (num_alloc_retries): a full device, another process holding the rest; at request {} the allocator could have {} ({} reserved before the releases); replayed with {} outside the allocator there, the least the trace allows (an allowed maximum would read the same, but the trace has no OOM to tell)",
+                if n == 1 { "" } else { "s" },
+                reqs(&self.retries.iter().map(|r| r.request).collect::<Vec<_>>()),
+                first.request,
+                format_size(first.available),
+                format_size(first.reserved_before),
+                format_size(self.device_memory.bytes.saturating_sub(first.available)),
+            ));
         }
         match (self.kind, self.allowed_low, self.allowed_high, self.allowed_used) {
             (Some(BudgetKind::Given), _, _, Some(c)) => out.push(format!("allowed maximum {} (given)", format_size(c))),
@@ -273,6 +401,7 @@ impl Budget {
             "used": used,
             "allowed_maximum": self.allowed_used.map(|u| serde_json::json!({"low": self.allowed_low, "high": self.allowed_high, "used": u})),
             "device_full": self.device_full,
+            "retries": self.retries,
             "outside": self.outside.steps.iter().map(|&(r, b)| serde_json::json!({"from_request": r, "bytes": b})).collect::<Vec<_>>(),
             "device_memory": self.device_memory.bytes,
             "device_memory_source": self.device_memory.source,
@@ -502,6 +631,8 @@ struct Walk {
     /// its first new segment or `None` for pages) of each request that got new memory.
     grew: Vec<(u32, u64, u64, Option<u64>)>,
     ooms: usize,
+    /// Mallocs that retried on a full device ([`MallocRetries`]).
+    retries: MallocRetries,
 }
 
 /// `initial_reserved`: the bytes reserved before the trace's first entry (a trace that starts
@@ -534,7 +665,7 @@ impl Walker {
 
     fn with_initial(own: &AllocatorConfig, device_memory: u64, initial_reserved: u64) -> Walker {
         Walker {
-            w: Walk { full: Vec::new(), allowed_ooms: Vec::new(), grew: Vec::new(), ooms: 0 },
+            w: Walk { full: Vec::new(), allowed_ooms: Vec::new(), grew: Vec::new(), ooms: 0, retries: MallocRetries::with_initial(initial_reserved) },
             own: own.clone(),
             device_memory,
             reserved: initial_reserved as i64,
@@ -545,6 +676,7 @@ impl Walker {
     }
 
     pub fn push(&mut self, e: &TraceEntry) {
+        self.w.retries.push(e);
         let (w, own, req) = (&mut self.w, &self.own, &mut self.req);
         let r = self.reserved.max(0) as u64;
         match e.action {
@@ -657,6 +789,19 @@ pub fn infer(
 ) -> (Budget, Option<ReplayOutcome>) {
     let d = device_memory.bytes;
     let w = walk(trace, program.initial.as_ref().map_or(0, |s| s.reserved_bytes()), own, d);
+    // Retries on a full device (no OOM entry): kept where the replay under them reproduces the
+    // trace and makes every retry; else the trace is read without them.
+    let retried = walked_with(&w, device_memory.clone(), true);
+    if !retried.retries.is_empty() {
+        let o = ReplayOptions { config: own.clone(), capacity: None, device_memory: d, placement: placement.clone(), outside: retried.outside.clone() };
+        let outcome = replay(program, &o, EmptyCacheCalls::Infer(trace));
+        if reproduces(&outcome, trace) && outcome.stats.num_alloc_retries as usize >= retried.retries.len() {
+            let mut budget = retried;
+            budget.kind = Some(BudgetKind::DeviceFull);
+            budget.reproduces = true;
+            return (budget, Some(outcome));
+        }
+    }
     let mut budget = walked(&w, device_memory);
     let opts = |capacity: Option<u64>| ReplayOptions {
         config: own.clone(),
@@ -696,6 +841,7 @@ pub fn infer(
     let mut from = budget.from.clone();
     from.extend(&bounds.from);
     budget.notes.extend(bounds.note);
+    budget.bounds_contradict = bounds.contradiction;
     let refined = refine(trace, program, &opts(Some(hi)), lo, hi);
     let used = pick_used(refined.lo, refined.hi);
     let outcome = replay(program, &opts(Some(used)), EmptyCacheCalls::Infer(trace));
@@ -739,11 +885,30 @@ pub fn speculated(trace: &[TraceEntry], own: &AllocatorConfig, device_memory: De
 /// The budget as the walk alone shows it: the OOMs, the device-full ones, the memory outside
 /// the allocator over time.
 fn walked(w: &Walk, device_memory: DeviceMemory) -> Budget {
+    walked_with(w, device_memory, false)
+}
+
+/// [`walked`], with the mallocs' retries on a full device read as such (`retries`) where the
+/// trace has no OOM entry: each retry is a point where the allocator had exactly what it
+/// reserved after the retry's new memory, as a device-full OOM's `available`.
+fn walked_with(w: &Walk, device_memory: DeviceMemory, retries: bool) -> Budget {
     let d = device_memory.bytes;
     let mut budget = Budget::none(device_memory);
     budget.recorded_ooms = w.ooms;
     budget.allowed_ooms = w.allowed_ooms.len();
     let grew: Vec<(u32, u64)> = w.grew.iter().map(|g| (g.0, g.1)).collect();
+    if retries && w.ooms == 0 && !w.retries.found.is_empty() {
+        let points: Vec<DeviceFullOom> = w
+            .retries
+            .found
+            .iter()
+            .map(|r| DeviceFullOom { request: r.request, device_free: 0, reserved: r.available, available: r.available, outside: d.saturating_sub(r.available) })
+            .collect();
+        budget.outside = outside_schedule(&points, &grew, d);
+        budget.retries = w.retries.found.clone();
+        budget.from = budget.retries.iter().map(|r| r.request).collect();
+        return budget;
+    }
     budget.outside = outside_schedule(&w.full, &grew, d);
     if let Some(max) = w.full.iter().map(|f| f.available).max()
         && max > d
@@ -767,6 +932,8 @@ struct Bounds {
     from: Vec<u32>,
     /// Where the bounds contradict one another (then `lo..=hi` is the whole device).
     note: Option<String>,
+    /// The contradicting bounds: (least the segments need, most the OOMs allow).
+    contradiction: Option<(u64, u64)>,
 }
 
 impl Bounds {
@@ -793,7 +960,9 @@ impl Bounds {
             from.push(req);
         }
         let mut note = None;
+        let mut contradiction = None;
         if lo > hi {
+            contradiction = Some((lo, hi + 1));
             note = Some(format!(
                 "the segments the trace got need at least {} allowed, more than its OOMs allow ({}): the maximum was searched over the whole device",
                 format_size(lo),
@@ -802,7 +971,7 @@ impl Bounds {
             lo = 0;
             hi = d.saturating_sub(1);
         }
-        Bounds { lo, hi, from, note }
+        Bounds { lo, hi, from, note, contradiction }
     }
 }
 

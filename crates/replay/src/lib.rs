@@ -12,6 +12,7 @@ pub mod program;
 pub mod replay;
 pub mod restore;
 pub mod run;
+pub mod settings_change;
 pub mod settle;
 pub mod stream;
 pub mod validate;

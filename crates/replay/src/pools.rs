@@ -36,6 +36,10 @@
 //! * **`use_on_oom`.** A request recorded in a private pool's cached block while the default
 //!   pools could not serve it under the allowed maximum is read as `try_mempool_fallback`: the
 //!   request stays in the default route and the pool is marked `use_on_oom`.
+//! * **Kinds.** A pool made with `no_split=True` or with its own allocator shows it in what it
+//!   left: an allocated block `should_split` would have cut (final segments), a cudaMalloc'd
+//!   segment under expandable segments (final segments, or a segment instance the reading puts in
+//!   the pool): `crate::program::pool_kinds`, and [`Plan::apply`] for the instances.
 //! * **Checkpoints.** CUDA-graph trees restore their pool to a checkpoint before recording a new
 //!   graph (`_cuda_setCheckpointPoolState`, from `apply_checkpoint_execution_state_in_allocator`):
 //!   the allocations it makes are the checkpoint's blocks, taken in place, not mallocs. They are
@@ -75,6 +79,9 @@ struct Instance {
     hi: u64,
     /// Its final `segment_pool_id`, when alive at the end.
     final_pool: Option<MempoolId>,
+    /// `cudaMalloc`'d (`segment_alloc`), not mapped: in a private pool under expandable
+    /// segments, the pool has its own allocator.
+    malloced: bool,
 }
 
 /// The instances of a trace, the instance each request lies in, and the instance each release
@@ -83,6 +90,18 @@ struct Instances {
     all: Vec<Instance>,
     of_request: Vec<Option<u32>>,
     of_release: IntMap<u32, u32>,
+    /// The recorded stack of each release entry (by trace index; 0: none recorded).
+    release_stacks: IntMap<u32, allocsim_trace::StackId>,
+}
+
+/// Where in the release entries `start..end` (trace indices) another call's releases begin:
+/// the first entry recorded with another stack than the first (each call records its own
+/// context: an `empty_cache()` its frames, a MemPool destructor the frames that dropped the
+/// pool, a malloc the request's). `None` where they all have one, or stacks were not recorded.
+fn call_boundary(inst: &Instances, start: u32, end: u32) -> Option<u32> {
+    let stack = |ti: u32| inst.release_stacks.get(&ti).copied().unwrap_or(0);
+    let first = stack(start.min(end.saturating_sub(1)));
+    (start..end).find(|&ti| first != 0 && stack(ti) != 0 && stack(ti) != first)
 }
 
 fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: u64) -> Instances {
@@ -95,11 +114,15 @@ fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: 
     let mut of_release = IntMap::default();
     let mut req = 0u32;
     let find = |all: &[Instance], live: &[u32], addr: u64| live.iter().copied().find(|&i| addr >= all[i as usize].lo && addr < all[i as usize].hi);
+    let mut release_stacks = IntMap::default();
     for (ti, e) in trace.iter().enumerate() {
+        if matches!(e.action, Action::SegmentFree | Action::SegmentUnmap) {
+            release_stacks.insert(ti as u32, e.stack);
+        }
         match e.action {
             Action::SegmentAlloc => {
                 live.push(all.len() as u32);
-                all.push(Instance { created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(e.size), final_pool: None });
+                all.push(Instance { created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(e.size), final_pool: None, malloced: true });
             }
             Action::SegmentMap => match find(&all, &live, e.addr) {
                 Some(i) => *mapped.entry(i).or_default() += e.size,
@@ -107,7 +130,7 @@ fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: 
                     let i = all.len() as u32;
                     live.push(i);
                     mapped.insert(i, e.size);
-                    all.push(Instance { created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(reservation), final_pool: None });
+                    all.push(Instance { created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(reservation), final_pool: None, malloced: false });
                 }
             },
             Action::SegmentFree => {
@@ -144,7 +167,7 @@ fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: 
             all[i as usize].final_pool = Some(s.pool_id);
         }
     }
-    Instances { all, of_request, of_release }
+    Instances { all, of_request, of_release, release_stacks }
 }
 
 /// A segment's pool: the default pools, or private pool group `.0`.
@@ -235,7 +258,8 @@ impl Plan {
         let ids = self.ids(inst);
         let mut p = base.clone();
         p.private_pools.clear();
-        p.pool_actions.clear();
+        // What the final segments show of pools' kinds stays (`crate::program::pool_kinds`).
+        p.pool_actions.retain(|a| matches!(a.1, PoolAction::NoSplit(_) | PoolAction::CustomAllocator(_)));
         for (q, r) in p.requests.iter_mut().enumerate() {
             r.route = match inst.of_request.get(q).copied().flatten().map(|i| self.labels[i as usize]) {
                 Some(Label::Pool(g)) => Route::Private(ids[g as usize]),
@@ -264,20 +288,26 @@ impl Plan {
                     k += 1;
                 }
             }
-            // Trailing private segments read as destructors after the run.
+            // Trailing private segments read as destructors after the run: those recorded with
+            // another stack than the run's first release (one call, one context: an
+            // `empty_cache()` records its own, a MemPool destructor the frames that dropped the
+            // pool), else all of them where that fits better.
             let mut tail = end;
-            if self.tail_drops.contains(&oi) {
+            let other_call = call_boundary(inst, k, end).filter(|&b| (b..end).all(|ti| pool_of(ti).is_some()));
+            if let Some(b) = other_call {
+                tail = b;
+            } else if self.tail_drops.contains(&oi) {
                 while tail > k && pool_of(tail - 1).is_some() {
                     tail -= 1;
                 }
-                let mut t = tail;
-                while t < end {
-                    let id = pool_of(t).expect("private");
-                    p.pool_actions.push((oi as u32 + 1, PoolAction::DropMemPool(id)));
-                    freeable.push(id);
-                    while t < end && pool_of(t) == Some(id) {
-                        t += 1;
-                    }
+            }
+            let mut t = tail;
+            while t < end {
+                let id = pool_of(t).expect("private");
+                p.pool_actions.push((oi as u32 + 1, PoolAction::DropMemPool(id)));
+                freeable.push(id);
+                while t < end && pool_of(t) == Some(id) {
+                    t += 1;
                 }
             }
             for ti in k..tail {
@@ -289,6 +319,18 @@ impl Plan {
                 }
             }
             *op = Op::ReleaseRun { start: k, end: tail };
+        }
+        // A cudaMalloc'd segment in a private pool: the pool's own allocator where expandable
+        // segments are on (`crate::program::pool_kinds`); nothing changes where they are off.
+        for (i, inst) in inst.all.iter().enumerate() {
+            if let Label::Pool(g) = self.labels[i]
+                && inst.malloced
+            {
+                let a = PoolAction::CustomAllocator(ids[g as usize]);
+                if !p.pool_actions.iter().any(|x| x.1 == a) {
+                    p.pool_actions.push((0, a));
+                }
+            }
         }
         p.pool_actions.sort_by_key(|a| a.0);
         p
@@ -456,6 +498,41 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
                     best_p = p;
                     best_o = o;
                     best = s;
+                }
+            }
+            // A pool released on both sides of a run's call boundary (`call_boundary`) was made
+            // freeable by the first call, which released all of it: the second call's segments
+            // are another pool's.
+            for op in program.ops.iter() {
+                let Op::ReleaseRun { start, end } = *op else { continue };
+                let Some(b) = call_boundary(&inst, start, end) else { continue };
+                let label = |ti: u32| inst.of_release.get(&ti).map(|&i| plan.labels[i as usize]);
+                let before: Vec<Label> = (start..b).filter_map(label).filter(|l| matches!(l, Label::Pool(_))).collect();
+                let mut split: Vec<Label> = (b..end).filter_map(label).filter(|l| before.contains(l)).collect();
+                split.dedup();
+                for g in split {
+                    if trials >= max_trials {
+                        break;
+                    }
+                    let mut t = plan.clone();
+                    let fresh = Label::Pool(t.groups.len() as u32);
+                    t.groups.push(None);
+                    for ti in b..end {
+                        if let Some(&i) = inst.of_release.get(&ti)
+                            && t.labels[i as usize] == g
+                            && inst.all[i as usize].final_pool.is_none()
+                        {
+                            t.labels[i as usize] = fresh;
+                        }
+                    }
+                    let (p, o, s) = run(&t);
+                    trials += 1;
+                    if s >= best {
+                        plan = t;
+                        best_p = p;
+                        best_o = o;
+                        best = s;
+                    }
                 }
             }
             // Trailing private segments of a release run: destructors after it, where that fits better.

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 
 use allocsim_model::AllocatorConfig;
 use allocsim_model::allocator::{MempoolId, Route};
-use allocsim_model::constants::H200_TOTAL_MEMORY;
+use allocsim_model::constants::{H200_TOTAL_MEMORY, K_MIN_BLOCK_SIZE, K_SMALL_SIZE};
 use allocsim_trace::hash::{IntMap, IntSet};
 use allocsim_trace::{Action, SnapshotSegment, StackId, TraceEntry};
 
@@ -60,6 +60,46 @@ pub enum PoolAction {
     DropMemPool(MempoolId),
     /// The pool serves requests the default pools cannot (`MemPool(use_on_oom=True)`).
     UseOnOom(MempoolId),
+    /// The pool never splits a block (`MemPool(no_split=True)`).
+    NoSplit(MempoolId),
+    /// The pool has its own allocator (`MemPool(allocator)`): no expandable segments in it.
+    CustomAllocator(MempoolId),
+}
+
+/// What the final segments show of private pools' kinds, as actions before the first op:
+///
+/// * **`no_split`.** An allocated block that `should_split` would have split: larger than its
+///   rounded request by more than 1 MiB (`kSmallSize`) in a large pool of cudaMalloc'd
+///   segments, or by 512 bytes or more in a small pool or an expandable segment, with the request
+///   below `max_split_size` (an oversize block is never split, and may be reused within
+///   `max_non_split_rounding_mb`). Only a pool made with `no_split=True` returns such a block.
+/// * **A custom allocator.** A cudaMalloc'd segment in a private pool while expandable segments
+///   are on: `is_expandable_segments_active` is false only for a pool with its own allocator.
+pub fn pool_kinds(segments: &[SnapshotSegment], config: &AllocatorConfig) -> Vec<(u32, PoolAction)> {
+    let mut out: Vec<(u32, PoolAction)> = Vec::new();
+    let mut push = |a: PoolAction| {
+        if !out.iter().any(|x| x.1 == a) {
+            out.push((0, a));
+        }
+    };
+    for s in segments.iter().filter(|s| s.pool_id != (0, 0)) {
+        let id = s.pool_id;
+        if config.expandable_segments && !s.is_expandable {
+            push(PoolAction::CustomAllocator(id));
+        }
+        let unsplit = s.blocks.iter().any(|b| {
+            let rounded = config.round_size(b.requested_size);
+            b.state == allocsim_trace::BlockState::ActiveAllocated
+                && b.requested_size > 0
+                && rounded < config.max_split_size
+                && b.size > rounded
+                && if s.is_small || s.is_expandable { b.size - rounded >= K_MIN_BLOCK_SIZE } else { b.size - rounded > K_SMALL_SIZE }
+        });
+        if unsplit {
+            push(PoolAction::NoSplit(id));
+        }
+    }
+    out
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,6 +191,7 @@ impl Program {
         b.finish(&mut add);
         p.unknown_frees = b.unknown_frees;
         p.private_pools = b.private_pools;
+        p.pool_actions = pool_kinds(segments, config);
         p
     }
 

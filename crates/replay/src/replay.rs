@@ -585,6 +585,8 @@ impl<D: Device, S: Slots> Stepper<D, S> {
                     self.alloc.private_pool(id);
                     self.alloc.set_use_on_oom(id, true);
                 }
+                PoolAction::NoSplit(id) => self.alloc.set_no_split(id),
+                PoolAction::CustomAllocator(id) => self.alloc.set_custom_allocator(id),
             }
         }
     }

@@ -5,6 +5,7 @@
 //! requested config; `--addresses-from` and `--placements` choose the device's addresses.
 
 use allocsim_model::AllocatorConfig;
+use allocsim_model::constants::ROUNDUP_INTERVALS;
 use allocsim_model::Placement;
 use allocsim_trace::{Annotation, EntryMeta, Frame, RecordedSettings, Snapshot, SnapshotSegment, TraceEntry};
 
@@ -33,15 +34,16 @@ pub struct ReplaySpec<'a> {
     pub placements: Option<usize>,
     /// Which device's trace; default: the one that matters ([`crate::devices::choose_device`]).
     pub device: Option<usize>,
-    /// The PyTorch release whose allocator rules apply (the snapshot does not record it).
-    pub torch_version: TorchVersion,
+    /// The PyTorch release whose allocator rules apply; `None`: chosen from what the snapshot
+    /// shows ([`crate::version::Rules::choose`]).
+    pub torch_version: Option<TorchVersion>,
 }
 
 impl ReplaySpec<'_> {
     /// The trace's own settings (`recorded`) and the config to replay under (`config`, else the
     /// own), as PyTorch `torch_version` parses them.
     pub fn configs(&self, recorded: &RecordedSettings) -> Result<(AllocatorConfig, AllocatorConfig), RunError> {
-        let version = self.torch_version;
+        let version = self.rules(recorded).version;
         let own = settings_config(recorded, version)?;
         let config = match &self.config {
             Some(c) if version == TorchVersion::DEFAULT => AllocatorConfig::parse(c).map_err(|err| RunError::Config { conf: c.clone(), err })?,
@@ -49,6 +51,13 @@ impl ReplaySpec<'_> {
             None => own.clone(),
         };
         Ok((own, config))
+    }
+
+    /// Which release's rules apply to a trace recorded with `recorded`, and why.
+    pub fn rules(&self, recorded: &RecordedSettings) -> crate::version::Rules {
+        let mut r = crate::version::Rules::choose(self.torch_version, recorded);
+        r.settings_note = settings_in_force(recorded, r.version).ok().and_then(|(_, note)| note);
+        r
     }
 
     /// The allowed maximum the trace was recorded under: `trace_capacity`, else `capacity` when
@@ -68,7 +77,7 @@ impl Default for ReplaySpec<'_> {
             addresses_from: None,
             placements: None,
             device: None,
-            torch_version: TorchVersion::DEFAULT,
+            torch_version: None,
         }
     }
 }
@@ -110,6 +119,8 @@ pub struct Replayed {
     /// A replay under other settings with the allowed maximum an inferred interval: the outcome
     /// at each end of it, to tell whether the answer depends on where in it the real one lies.
     pub budget_ends: Vec<BudgetEnd>,
+    /// Which release's rules the replay used, and why.
+    pub rules: crate::version::Rules,
 }
 
 /// The outcome of a replay at one end of an inferred allowed maximum.
@@ -172,6 +183,7 @@ impl Replayed {
             streamed: false,
             budget: Some(self.budget),
             budget_ends: self.budget_ends,
+            rules: Some(self.rules),
         }
     }
 }
@@ -208,6 +220,9 @@ pub struct ReplaySummary {
     pub budget: Option<Budget>,
     /// See [`Replayed::budget_ends`].
     pub budget_ends: Vec<BudgetEnd>,
+    /// Which release's rules the replay used, and why (`None`: not said by the path that made
+    /// the summary).
+    pub rules: Option<crate::version::Rules>,
 }
 
 /// The settings the snapshot was recorded under.
@@ -220,28 +235,89 @@ pub fn recorded_config_for(snap: &Snapshot, version: TorchVersion) -> Result<All
     settings_config(&snap.settings, version)
 }
 
-/// The settings a trace recorded (`allocator_settings`), parsed as PyTorch `version` parses them.
+/// The settings a trace recorded (`allocator_settings`), as in force when the snapshot was
+/// taken ([`settings_in_force`]).
 pub fn settings_config(s: &RecordedSettings, version: TorchVersion) -> Result<AllocatorConfig, RunError> {
-    match &s.alloc_conf {
-        Some(conf) if version == TorchVersion::DEFAULT => {
-            AllocatorConfig::parse(conf).map_err(|err| RunError::RecordedConfig { conf: conf.clone(), err })
+    settings_in_force(s, version).map(|(c, _)| c)
+}
+
+/// The settings in force when the snapshot was taken, and what a user should know of how they
+/// were read. `allocator_settings` holds the last settings string parsed
+/// (`PYTORCH_CUDA_ALLOC_CONF`, recorded before it is parsed, so also one PyTorch refused) and
+/// the values the allocator held (`max_split_size`, `garbage_collection_threshold`,
+/// `expandable_segments`, `roundup_power2_divisions`). The string is parsed as PyTorch `version`
+/// parses it and the recorded values take precedence where they differ: a string set at run
+/// time (`_set_allocator_settings`) resets some keys and leaves others (`expandable_segments`)
+/// as they were, and a refused one leaves in force what was parsed before the failing key. The
+/// settings not recorded (`max_non_split_rounding_mb`, `large_segment_size_mb`, the pinned and
+/// lock keys) are the string's, or the defaults where the string was refused.
+pub fn settings_in_force(s: &RecordedSettings, version: TorchVersion) -> Result<(AllocatorConfig, Option<String>), RunError> {
+    let Some(conf) = &s.alloc_conf else {
+        // No settings string recorded: rebuild what matters from the recorded values.
+        let mut c = AllocatorConfig::default();
+        recorded_values(s, &mut c);
+        return Ok((c, None));
+    };
+    let parsed = if version == TorchVersion::DEFAULT { AllocatorConfig::parse(conf) } else { version.parse_config(conf) };
+    match parsed {
+        Ok(mut c) => {
+            let changed = recorded_values(s, &mut c);
+            let note = (!changed.is_empty()).then(|| {
+                format!(
+                    "allocator_settings records {} in force where its settings string {conf:?} gives other values: the settings were changed at run time (a snapshot keeps only the last string); replayed under the recorded values",
+                    changed.join(", ")
+                )
+            });
+            Ok((c, note))
         }
-        Some(conf) => version.parse_config(conf).map_err(|err| RunError::RecordedConfigFor { conf: conf.clone(), err, version }),
-        None => {
-            // No settings string recorded: rebuild what matters from the recorded values.
-            let mut c = AllocatorConfig::default();
-            if let Some(m) = s.max_split_size.filter(|&m| m > 0) {
-                c.max_split_size = m as u64;
-            }
-            if let Some(g) = s.garbage_collection_threshold {
-                c.garbage_collection_threshold = g;
-            }
-            if let Some(e) = s.expandable_segments {
-                c.expandable_segments = e;
-            }
-            Ok(c)
+        Err(err) => {
+            let mut c = AllocatorConfig { source: conf.clone(), ..AllocatorConfig::default() };
+            recorded_values(s, &mut c);
+            let note = format!(
+                "the recorded settings string {conf:?} was refused by PyTorch {version} ({err}): a refused string leaves the settings before it in force, so the replay uses the values allocator_settings records as in force (max_split_size, garbage_collection_threshold, expandable_segments, roundup_power2_divisions) and the defaults for the rest"
+            );
+            Ok((c, Some(note)))
         }
     }
+}
+
+/// Puts the values `allocator_settings` records into `c`; returns the names of those that
+/// differed.
+fn recorded_values(s: &RecordedSettings, c: &mut AllocatorConfig) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    if let Some(m) = s.max_split_size {
+        // −1 (and any value that is not a size) is unlimited.
+        let m = if m > 0 { m as u64 } else { u64::MAX };
+        if c.max_split_size != m {
+            c.max_split_size = m;
+            changed.push("max_split_size");
+        }
+    }
+    if let Some(g) = s.garbage_collection_threshold
+        && c.garbage_collection_threshold != g
+        && (0.0..1.0).contains(&g)
+    {
+        c.garbage_collection_threshold = g;
+        changed.push("garbage_collection_threshold");
+    }
+    if let Some(e) = s.expandable_segments
+        && c.expandable_segments != e
+    {
+        c.expandable_segments = e;
+        changed.push("expandable_segments");
+    }
+    // One entry per interval of 1, 2, 4, … MB (what 2.3+ records), each a power of two or 0.
+    let rpd = &s.roundup_power2_divisions;
+    if rpd.len() == ROUNDUP_INTERVALS
+        && rpd.iter().enumerate().all(|(i, &(mb, d))| mb == 1 << i && (d == 0 || d.is_power_of_two()))
+    {
+        let divs: Vec<u64> = rpd.iter().map(|&(_, d)| d).collect();
+        if c.roundup_power2_divisions[..] != divs[..] {
+            c.roundup_power2_divisions.copy_from_slice(&divs);
+            changed.push("roundup_power2_divisions");
+        }
+    }
+    changed
 }
 
 /// Whether two configs are the same settings (whatever strings they were parsed from).
@@ -536,7 +612,7 @@ pub fn run_given(snap: &Snapshot, spec: &ReplaySpec<'_>, choice: crate::devices:
 
 fn run_with(snap: &Snapshot, spec: &ReplaySpec<'_>, given: Option<(crate::devices::DeviceChoice, Vec<TraceEntry>)>) -> Result<Replayed, RunError> {
     let (own, config) = spec.configs(&snap.settings)?;
-    let version = spec.torch_version;
+    let version = spec.rules(&snap.settings).version;
     // Where were the empty_cache() calls? Decided under the trace's own settings and addresses.
     let trace_capacity = spec.trace_capacity_for(&own, &config);
     let prepared = match given {
@@ -584,5 +660,6 @@ fn run_with(snap: &Snapshot, spec: &ReplaySpec<'_>, given: Option<(crate::device
     }
     let Prepared { device, choice, program, trace, segments, budget, own_outcome, .. } = prepared;
     let outcome = outcome.unwrap_or(own_outcome);
-    Ok(Replayed { device, choice, program, options, outcome, placements, trace, segments, own_settings, budget, budget_ends })
+    let rules = spec.rules(&snap.settings);
+    Ok(Replayed { device, choice, program, options, outcome, placements, trace, segments, own_settings, budget, budget_ends, rules })
 }

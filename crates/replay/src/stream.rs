@@ -166,7 +166,10 @@ where
             Decoding::Done => pass(&ctx, events, &cross)?,
         };
         match done {
-            Pass::Done(v) => return Ok(Streamed::Done(v)),
+            Pass::Done(mut v) => {
+                v.iter_mut().for_each(|s| s.rules = Some(spec.rules(input.settings)));
+                return Ok(Streamed::Done(v));
+            }
             Pass::Fallback(why) => return Ok(Streamed::Fallback(why)),
             Pass::Again(known) => cross = known,
         }
@@ -201,7 +204,8 @@ impl Speculated {
     /// tried. `None` where only the in-memory replay answers: the maximum tried is not the one
     /// inferred, or the question is under other settings and the maximum only known to lie in an
     /// interval (then the answer also replays both ends of it).
-    pub fn answer(self, snap: &Snapshot, spec: &ReplaySpec<'_>) -> Option<Vec<ReplaySummary>> {
+    pub fn answer(mut self, snap: &Snapshot, spec: &ReplaySpec<'_>) -> Option<Vec<ReplaySummary>> {
+        self.summaries.iter_mut().for_each(|s| s.rules = Some(spec.rules(&snap.settings)));
         let Some((tried, checks)) = &self.tried else { return Some(self.summaries) };
         let [mut summary]: [ReplaySummary; 1] = self.summaries.try_into().ok()?;
         if snap.device_traces.iter().enumerate().any(|(d, t)| d != summary.device && !t.is_empty()) {
@@ -1227,6 +1231,7 @@ impl<'a> DeviceStream<'a> {
             streamed: true,
             budget: Some(self.budget),
             budget_ends: Vec::new(),
+            rules: None,
         };
         Ok((Finished::Done(Box::new(summary)), seen))
     }

@@ -28,6 +28,10 @@ pub struct Validation {
     pub ooms: Agreement,
     pub alloc_addresses: Agreement,
     pub final_segments: Agreement,
+    /// Where the replay is not exact: what the trace shows of settings other than the recorded
+    /// ones in force for part of the run (`crate::settings_change`; a snapshot keeps only the
+    /// last settings).
+    pub settings_changed: Vec<String>,
 }
 
 pub fn validate(r: &Replayed) -> Validation {
@@ -93,8 +97,15 @@ pub fn validate(r: &Replayed) -> Validation {
         }
     }
     let final_segments = compare_final_segments(r);
+    let exact = segment_events.exact() && ooms.exact() && alloc_addresses.exact() && final_segments.exact();
+    let settings_changed = if exact {
+        Vec::new()
+    } else {
+        crate::settings_change::evidence(&r.trace, &r.options.config, &r.budget, r.rules.settings_note.as_deref())
+    };
     Validation {
-        exact: segment_events.exact() && ooms.exact() && alloc_addresses.exact() && final_segments.exact(),
+        exact,
+        settings_changed,
         segment_events,
         ooms,
         alloc_addresses,

@@ -1,8 +1,10 @@
-//! PyTorch versions: the allocator rules that changed between 2.1 and 2.15
-//! (`shared/reference/allocator-spec.md` §13), selected with `--torch-version X.Y`.
+//! PyTorch versions: the allocator rules that changed between 2.1 and 2.15 (docs/versions.md
+//! lists each release's changes and where they were read), selected with `--torch-version X.Y`
+//! or, by default, from what the snapshot shows ([`Rules::choose`]).
 //!
-//! The model is PyTorch 2.11's; another version changes what differs in a way the model can
-//! express, all of it in the settings:
+//! The model is PyTorch 2.11's, measured on a GPU; every other release is read (wheels' headers
+//! and library strings, sources where the index holds them, pull requests), not measured. What
+//! differs in a way the model can express:
 //!
 //! | versions | rule |
 //! |---|---|
@@ -11,20 +13,23 @@
 //! | 2.1–2.4 | not measured, and their sources were read only in part (the ≈2.3/2.4 `get_free_block` and `ExpandableSegment`): 2.5's rules apply (the hard-coded oversize tolerance and the legacy parser are documented for them); which settings keys each accepted was not checked, so 2.5's key set is taken. [`TorchVersion::note`] says so |
 //! | ≤ 2.5 | the oversize tolerance is the hard-coded `kLargeBuffer` (20 MiB): the same numbers as 2.6+'s default `max_non_split_rounding_mb`, which 2.5 does not accept |
 //! | 2.10 | 2.11's parsers without `large_segment_size_mb` (segments and the tolerance are 20 MiB) |
-//! | 2.12–2.15 | 2.11's rules; the later keys (`throw_on_cudamalloc_oom`, `pinned_free_catch_all`; 2.15: `pinned_max_round_threshold_mb`, `pinned_max_cached_size_mb`, `expandable_segments_reserve`, `expandable_segments_reserve_by_class`) are accepted and have no modelled effect |
+//! | 2.12+ | `throw_on_cudamalloc_oom` (with an allowed maximum, a request over it is refused at the first `alloc_block`, without the retry chain; `num_oom_rejections`), `pinned_free_catch_all` accepted |
+//! | 2.13+ | `pinned_max_round_threshold_mb`, `pinned_max_cached_size_mb` accepted (pinned host memory: no device decision) |
+//! | 2.15 | `expandable_segments_reserve` (each new expandable segment reserves that much address space, at most 1.125 × the device), `expandable_segments_reserve_by_class` accepted (a stream's class is set at run time and not recorded: not applied) |
 //!
-//! Not modelled, in any version: MemPool `use_on_oom` (2.8+; its place in the retry chain moved
-//! in 2.11), `no_split`, custom allocators (so the 2.7–2.9 MemPool + expandable segments error and
-//! the per-pool expandable-segments decision of 2.10+ make no difference),
-//! `throw_on_cudamalloc_oom`'s pre-emptive rejection (2.12+), `expandable_segments_reserve` (2.15),
+//! Read but not modelled: MemPool `use_on_oom` placement per release (the model is 2.11's,
+//! where it moved before the releases), custom allocators (so the 2.7–2.9 MemPool + expandable
+//! segments error and the per-pool expandable-segments decision of 2.10+ make no difference),
+//! the 2.13 split of CUDA-graph captures from MemPool diversion (`num_active_captures_`: from
+//! 2.13 a request routed to a MemPool may release cached blocks and complete cross-stream frees;
+//! a snapshot does not say whether a private pool's requests came from a capture or a MemPool),
 //! and the `PYTORCH_ALLOC_CONF` fallback (2.10+; allocsim takes the string, not the environment).
-//!
-//! A snapshot does not record the PyTorch version that wrote it; the default is 2.11.
 
 use std::fmt;
 
 use allocsim_model::constants::{K_LARGE_BUFFER, MIB, ROUNDUP_INTERVALS};
-use allocsim_model::{AllocatorConfig, ConfigError};
+use allocsim_model::{AllocatorConfig, ConfigError, LaterKeys};
+use allocsim_trace::RecordedSettings;
 
 /// A PyTorch release line (`major.minor`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -80,33 +85,31 @@ impl TorchVersion {
         self <= TorchVersion::new(2, minor)
     }
 
+    /// The keys this release accepts beyond 2.11's.
+    pub fn later_keys(self) -> LaterKeys {
+        LaterKeys { v2_12: !self.at_most(11), v2_13: !self.at_most(12), v2_15: !self.at_most(14) }
+    }
+
+    /// Whether this release's rules were measured on a GPU (2.11) rather than read from its
+    /// wheel and sources (every other release).
+    pub fn measured(self) -> bool {
+        self == Self::DEFAULT
+    }
+
     /// Parses a `PYTORCH_CUDA_ALLOC_CONF` string as this version's allocator does at process start.
     pub fn parse_config(self, conf: &str) -> Result<AllocatorConfig, ConfigError> {
         if self.at_most(9) {
             return parse_legacy(self, conf);
         }
-        let mut kept = Vec::new();
-        for item in top_level_items(conf) {
-            let key: String = item.split(':').next().unwrap_or("").chars().filter(|c| !c.is_ascii_whitespace()).collect();
-            if self == TorchVersion::new(2, 10) && key == "large_segment_size_mb" {
-                return Err(ConfigError(format!("Unrecognized key '{key}' in CUDA allocator config.")));
-            }
-            let later = match key.as_str() {
-                "throw_on_cudamalloc_oom" | "pinned_free_catch_all" => TorchVersion::new(2, 12),
-                "pinned_max_round_threshold_mb" | "pinned_max_cached_size_mb" | "expandable_segments_reserve" | "expandable_segments_reserve_by_class" => {
-                    TorchVersion::new(2, 15)
+        if self == TorchVersion::new(2, 10) {
+            for item in top_level_items(conf) {
+                let key: String = item.split(':').next().unwrap_or("").chars().filter(|c| !c.is_ascii_whitespace()).collect();
+                if key == "large_segment_size_mb" {
+                    return Err(ConfigError(format!("Unrecognized key '{key}' in CUDA allocator config.")));
                 }
-                _ => TorchVersion::new(0, 0),
-            };
-            if later.major == 0 {
-                kept.push(item);
-            } else if self < later {
-                return Err(ConfigError(format!("Unrecognized key '{key}' in CUDA allocator config.")));
             }
         }
-        let mut c = AllocatorConfig::parse(&kept.join(","))?;
-        c.source = conf.to_string();
-        Ok(c)
+        AllocatorConfig::parse_with(conf, self.later_keys())
     }
 }
 
@@ -119,6 +122,176 @@ impl fmt::Display for TorchVersion {
 impl Default for TorchVersion {
     fn default() -> Self {
         TorchVersion::DEFAULT
+    }
+}
+
+/// What a snapshot's `allocator_settings` shows of the release that wrote it: at least
+/// `at_least`, at most `at_most`, and why.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Evidence {
+    #[serde(serialize_with = "ser_version")]
+    pub at_least: TorchVersion,
+    #[serde(serialize_with = "ser_version")]
+    pub at_most: TorchVersion,
+    pub what: String,
+}
+
+fn ser_version<S: serde::Serializer>(v: &TorchVersion, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&v.to_string())
+}
+
+/// Settings keys (`PYTORCH_CUDA_ALLOC_CONF`) and the release that first accepted them (read in
+/// each wheel's `CUDAAllocatorConfig.h` / `AllocatorConfig.h` and `libc10*.so` strings).
+const CONF_KEYS_SINCE: &[(&str, (u32, u32))] = &[
+    ("max_non_split_rounding_mb", (2, 6)),
+    ("pinned_use_background_threads", (2, 6)),
+    ("graph_capture_record_stream_reuse", (2, 9)),
+    ("per_process_memory_fraction", (2, 10)),
+    ("pinned_reserve_segment_size_mb", (2, 10)),
+    ("large_segment_size_mb", (2, 11)),
+    ("throw_on_cudamalloc_oom", (2, 12)),
+    ("pinned_free_catch_all", (2, 12)),
+    ("pinned_max_round_threshold_mb", (2, 13)),
+    ("pinned_max_cached_size_mb", (2, 13)),
+    ("expandable_segments_reserve", (2, 15)),
+    ("expandable_segments_reserve_by_class", (2, 15)),
+];
+
+/// `allocator_settings` keys and the release that first wrote them (`torch/csrc/cuda/Module.cpp`,
+/// read as strings of each wheel's `libtorch_python.so`; 2.3 from its pull request).
+const SNAPSHOT_KEYS_SINCE: &[(&str, (u32, u32))] = &[
+    ("graph_capture_record_stream_reuse", (2, 9)),
+    ("max_round_threshold", (2, 13)),
+    ("max_cached_size", (2, 13)),
+];
+
+/// What `settings` (a snapshot's `allocator_settings`) shows of the release that recorded it:
+/// its keys (2.9 added `graph_capture_record_stream_reuse`, 2.13 `max_round_threshold` and
+/// `max_cached_size`; a dict without them is older), the keys its settings string uses (each
+/// accepted from some release on), and a `max_split_size_mb` of 20 (refused before 2.10).
+/// Trace entries show releases too (`annotate` entries 2.14+, `user_metadata` 2.10+,
+/// `compile_context` 2.8+) but no rule that differs between the releases they allow: the rules
+/// that changed after 2.11 come with settings keys, those before it are the settings string's.
+pub fn evidence(settings: &RecordedSettings) -> Vec<Evidence> {
+    let v = |(a, b): (u32, u32)| TorchVersion::new(a, b);
+    let mut out = Vec::new();
+    if let Some(keys) = &settings.keys {
+        for &(key, since) in SNAPSHOT_KEYS_SINCE {
+            if keys.iter().any(|k| k == key) {
+                out.push(Evidence { at_least: v(since), at_most: TorchVersion::NEWEST, what: format!("allocator_settings has '{key}' (written from {} on)", v(since)) });
+            } else if keys.iter().any(|k| k == "pinned_num_register_threads") {
+                // A dict of the 2.3+ shape without a key a later release always writes.
+                out.push(Evidence {
+                    at_least: TorchVersion::OLDEST,
+                    at_most: TorchVersion::new(since.0, since.1 - 1),
+                    what: format!("allocator_settings has no '{key}' (written from {} on)", v(since)),
+                });
+            }
+        }
+    }
+    if let Some(conf) = &settings.alloc_conf {
+        for item in top_level_items(conf) {
+            let key: String = item.split(':').next().unwrap_or("").chars().filter(|c| !c.is_ascii_whitespace()).collect();
+            if let Some(&(_, since)) = CONF_KEYS_SINCE.iter().find(|(k, _)| *k == key) {
+                out.push(Evidence { at_least: v(since), at_most: TorchVersion::NEWEST, what: format!("its settings use '{key}' (accepted from {} on)", v(since)) });
+            }
+            let value: String = item.split(':').nth(1).unwrap_or("").trim().to_string();
+            if key == "max_split_size_mb" && value == "20" {
+                out.push(Evidence {
+                    at_least: TorchVersion::new(2, 10),
+                    at_most: TorchVersion::NEWEST,
+                    what: "its settings have max_split_size_mb:20 (refused before 2.10: must be > 20)".into(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Which release's rules a replay uses, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rules {
+    pub version: TorchVersion,
+    /// Asked for (`--torch-version`); else chosen from the snapshot.
+    pub asked: bool,
+    /// The releases the snapshot allows (`OLDEST..=NEWEST` without evidence).
+    pub allowed: (TorchVersion, TorchVersion),
+    pub evidence: Vec<Evidence>,
+    /// How the recorded settings were read where it is not plain: a string PyTorch refused, or
+    /// values changed at run time (`crate::run::settings_in_force`).
+    pub settings_note: Option<String>,
+}
+
+impl Rules {
+    /// The rules for a snapshot recorded with `settings`: `asked` when given; else 2.11 (the
+    /// release measured here) where the snapshot allows it, or the allowed release nearest it.
+    pub fn choose(asked: Option<TorchVersion>, settings: &RecordedSettings) -> Rules {
+        let evidence = evidence(settings);
+        let lo = evidence.iter().map(|e| e.at_least).max().unwrap_or(TorchVersion::OLDEST);
+        let hi = evidence.iter().map(|e| e.at_most).min().unwrap_or(TorchVersion::NEWEST);
+        let version = match asked {
+            Some(v) => v,
+            // Contradicting evidence (a hand-made file): 2.11.
+            None if lo > hi => TorchVersion::DEFAULT,
+            None => TorchVersion::DEFAULT.max(lo).min(hi),
+        };
+        Rules { version, asked: asked.is_some(), allowed: (lo, hi), evidence, settings_note: None }
+    }
+
+    /// Whether the snapshot allows this release.
+    pub fn consistent(&self) -> bool {
+        self.allowed.0 <= self.version && self.version <= self.allowed.1
+    }
+
+    /// One line: the rules used, why, and whether they were measured.
+    pub fn line(&self) -> String {
+        let v = self.version;
+        let (lo, hi) = self.allowed;
+        let shows = if self.evidence.is_empty() {
+            "the snapshot does not show its release".to_string()
+        } else {
+            let range = if lo > hi {
+                "contradicting releases".to_string()
+            } else if lo == hi {
+                format!("PyTorch {lo}")
+            } else if hi == TorchVersion::NEWEST {
+                format!("PyTorch {lo} or later")
+            } else if lo == TorchVersion::OLDEST {
+                format!("PyTorch {hi} or earlier")
+            } else {
+                format!("PyTorch {lo} to {hi}")
+            };
+            let what: Vec<&str> = self.evidence.iter().map(|e| e.what.as_str()).collect();
+            format!("the snapshot shows {range} ({})", what.join("; "))
+        };
+        let why = match (self.asked, self.consistent()) {
+            (true, true) => format!("asked with --torch-version; {shows}"),
+            (true, false) => format!("asked with --torch-version, although {shows}"),
+            (false, _) if v == TorchVersion::DEFAULT => format!("the default; {shows}"),
+            (false, _) => shows,
+        };
+        let how = if v.measured() {
+            "measured on torch 2.11.0".to_string()
+        } else if v > TorchVersion::DEFAULT {
+            format!("{v}'s rules are read from its wheel (headers, library strings) and pull requests, not measured: the GPU here runs 2.11; rules not read are 2.11's (docs/versions.md)")
+        } else {
+            format!("{v}'s rules are read from its wheel and sources, not measured (docs/versions.md)")
+        };
+        format!("PyTorch {v} ({why}); {how}")
+    }
+
+    /// The `rules` object of `--json` output.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "torch_version": self.version.to_string(),
+            "asked": self.asked,
+            "measured": self.version.measured(),
+            "allowed": [self.allowed.0.to_string(), self.allowed.1.to_string()],
+            "consistent": self.consistent(),
+            "evidence": self.evidence,
+            "note": self.line(),
+            "settings_note": self.settings_note,
+        })
     }
 }
 
@@ -391,8 +564,12 @@ mod tests {
         assert_eq!(v(11).parse_config("large_segment_size_mb:40").unwrap().large_segment_size, 40 * MIB);
         assert!(v(11).parse_config("throw_on_cudamalloc_oom:True").is_err());
         assert!(v(12).parse_config("throw_on_cudamalloc_oom:True,max_split_size_mb:64").unwrap().max_split_size == 64 * MIB);
+        assert!(v(12).parse_config("throw_on_cudamalloc_oom:True").unwrap().throw_on_cudamalloc_oom);
         assert!(v(12).parse_config("expandable_segments_reserve:0.5").is_err());
-        assert!(v(15).parse_config("expandable_segments_reserve:0.5,expandable_segments:True").unwrap().expandable_segments);
+        assert!(v(12).parse_config("pinned_max_cached_size_mb:64").is_err());
+        assert_eq!(v(13).parse_config("pinned_max_cached_size_mb:64").unwrap().pinned_max_cached_size_mb, Some(64));
+        let c = v(15).parse_config("expandable_segments_reserve:0.5,expandable_segments:True").unwrap();
+        assert!(c.expandable_segments && c.expandable_segments_reserve.is_some());
         assert_eq!(v(11).parse_config("foo:1").unwrap_err().0, "Unrecognized key 'foo' in CUDA allocator config.");
     }
 
@@ -421,5 +598,51 @@ mod tests {
         for m in [5, 6, 9, 10, 11, 15] {
             assert_eq!(v(m).parse_config("").unwrap().max_non_split_rounding_size, K_LARGE_BUFFER, "2.{m}");
         }
+    }
+
+    fn settings(conf: &str, keys: Option<&[&str]>) -> RecordedSettings {
+        RecordedSettings {
+            alloc_conf: Some(conf.into()),
+            keys: keys.map(|k| k.iter().map(|s| s.to_string()).collect()),
+            ..RecordedSettings::torch_default()
+        }
+    }
+
+    const KEYS_2_13: [&str; 11] = [
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "max_split_size",
+        "garbage_collection_threshold",
+        "expandable_segments",
+        "pinned_num_register_threads",
+        "release_lock_on_cudamalloc",
+        "pinned_use_cuda_host_register",
+        "graph_capture_record_stream_reuse",
+        "roundup_power2_divisions",
+        "max_round_threshold",
+        "max_cached_size",
+    ];
+
+    #[test]
+    fn the_snapshot_shows_its_release() {
+        // 2.11's keys: nothing to tell, 2.11's rules, measured.
+        let r = Rules::choose(None, &RecordedSettings::torch_default());
+        assert_eq!((r.version, r.evidence.len()), (v(11), 0));
+        assert!(r.line().contains("measured on torch 2.11.0"), "{}", r.line());
+        // 2.13+ writes max_round_threshold and max_cached_size: 2.13's rules, read not measured.
+        let r = Rules::choose(None, &settings("", Some(&KEYS_2_13)));
+        assert_eq!((r.version, r.allowed), (v(13), (v(13), v(15))));
+        let line = r.line();
+        assert!(line.contains("PyTorch 2.13 or later") && line.contains("max_round_threshold") && line.contains("not measured"), "{line}");
+        // A 2.3–2.8 dict (no graph_capture_record_stream_reuse): the newest it allows, 2.8.
+        let old: Vec<&str> = KEYS_2_13[..9].iter().copied().filter(|k| *k != "graph_capture_record_stream_reuse").collect();
+        let r = Rules::choose(None, &settings("", Some(&old)));
+        assert_eq!((r.version, r.allowed.1), (v(8), v(8)));
+        // Settings keys: the release that first accepted them.
+        assert_eq!(Rules::choose(None, &settings("throw_on_cudamalloc_oom:True", None)).version, v(12));
+        assert_eq!(Rules::choose(None, &settings("expandable_segments:True,expandable_segments_reserve:0.5", None)).version, v(15));
+        assert_eq!(Rules::choose(None, &settings("max_split_size_mb:20", None)).allowed.0, v(10));
+        // Asked for: used, and a contradiction said.
+        let r = Rules::choose(Some(v(11)), &settings("", Some(&KEYS_2_13)));
+        assert!(r.version == v(11) && !r.consistent() && r.line().contains("although"), "{}", r.line());
     }
 }

@@ -29,6 +29,7 @@ fn settings(config: &AllocatorConfig) -> RecordedSettings {
         expandable_segments: Some(config.expandable_segments),
         roundup_power2_divisions: rpd,
         present: true,
+        keys: None,
     }
 }
 

@@ -404,6 +404,7 @@ impl LineParser {
                         .map(|d| d.0)
                         .unwrap_or_default(),
                     present: true,
+                    keys: None,
                 };
             }
             self.saw_header = true;

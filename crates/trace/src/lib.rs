@@ -254,7 +254,9 @@ pub struct SnapshotSegment {
 }
 
 /// `allocator_settings` as the snapshot recorded them (2.11 keys; absent keys keep defaults).
-#[derive(Clone, Debug, PartialEq, Default)]
+/// Two are equal when their settings are: [`RecordedSettings::keys`] says which release wrote
+/// them, not what they are, and is compared apart where it matters.
+#[derive(Clone, Debug, Default)]
 pub struct RecordedSettings {
     /// The last parsed settings string (`PYTORCH_CUDA_ALLOC_CONF`); `None` if the key was absent.
     pub alloc_conf: Option<String>,
@@ -266,6 +268,25 @@ pub struct RecordedSettings {
     pub roundup_power2_divisions: Vec<(u64, u64)>,
     /// Whether the snapshot had an `allocator_settings` dict at all (pre-2.1 snapshots do not).
     pub present: bool,
+    /// The dict's keys as recorded, in order (at most [`RecordedSettings::MAX_KEYS`]), where
+    /// they are not torch 2.11's ([`RecordedSettings::TORCH_2_11_KEYS`], of which the first four
+    /// may be absent, as allocsim's own pickles write them); `None` for those, or where no dict
+    /// was read. Which keys a release writes tells releases apart (2.13 added
+    /// `max_round_threshold`, 2.9 `graph_capture_record_stream_reuse`).
+    pub keys: Option<Vec<String>>,
+}
+
+impl PartialEq for RecordedSettings {
+    fn eq(&self, other: &Self) -> bool {
+        // (Every field but `keys`, named so that a field added is decided here too.)
+        let RecordedSettings { alloc_conf, max_split_size, garbage_collection_threshold, expandable_segments, roundup_power2_divisions, present, keys: _ } = self;
+        *alloc_conf == other.alloc_conf
+            && *max_split_size == other.max_split_size
+            && *garbage_collection_threshold == other.garbage_collection_threshold
+            && *expandable_segments == other.expandable_segments
+            && *roundup_power2_divisions == other.roundup_power2_divisions
+            && *present == other.present
+    }
 }
 
 impl RecordedSettings {
@@ -279,8 +300,37 @@ impl RecordedSettings {
             expandable_segments: Some(false),
             roundup_power2_divisions: (0..16).map(|k| (1u64 << k, 0)).collect(),
             present: true,
+            keys: None,
         }
     }
+
+    /// `keys` as [`RecordedSettings::keys`] keeps them: `None` for torch 2.11's.
+    pub fn keys_unless_2_11(keys: Vec<String>) -> Option<Vec<String>> {
+        let k: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let tail = &Self::TORCH_2_11_KEYS[4..];
+        let is_2_11 = k.len() >= tail.len() && k[k.len() - tail.len()..] == *tail && {
+            // The first four, each present or absent, in their order.
+            let mut head = Self::TORCH_2_11_KEYS[..4].iter();
+            k[..k.len() - tail.len()].iter().all(|h| head.any(|x| x == h))
+        };
+        (!is_2_11).then_some(keys)
+    }
+
+    /// The keys of torch 2.11's `allocator_settings` (`torch/csrc/cuda/Module.cpp`), in its order.
+    pub const TORCH_2_11_KEYS: [&'static str; 9] = [
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "max_split_size",
+        "garbage_collection_threshold",
+        "expandable_segments",
+        "pinned_num_register_threads",
+        "release_lock_on_cudamalloc",
+        "pinned_use_cuda_host_register",
+        "graph_capture_record_stream_reuse",
+        "roundup_power2_divisions",
+    ];
+
+    /// At most this many keys are kept (a release writes about ten).
+    pub const MAX_KEYS: usize = 64;
 
     /// What torch 2.11 records with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.
     pub fn torch_expandable() -> RecordedSettings {

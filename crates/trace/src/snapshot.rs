@@ -931,7 +931,13 @@ impl<'d, 'a> Conv<'d, 'a> {
             ..Default::default()
         };
         let wrap = |name: &str, m: String| ns(format!("allocator_settings['{name}']: {m}"));
+        let mut keys: Vec<String> = Vec::new();
         for &(k, v) in pairs {
+            if keys.len() < RecordedSettings::MAX_KEYS
+                && let Some(b) = d.str_bytes(k)
+            {
+                keys.push(String::from_utf8_lossy(b).into_owned());
+            }
             match d.str_bytes(k) {
                 Some(b"PYTORCH_CUDA_ALLOC_CONF") => match v {
                     Value::None => r.alloc_conf = None,
@@ -1010,6 +1016,7 @@ impl<'d, 'a> Conv<'d, 'a> {
                 _ => {}
             }
         }
+        r.keys = RecordedSettings::keys_unless_2_11(keys);
         Ok(r)
     }
 }

@@ -192,6 +192,7 @@ fn synthetic() -> Snapshot {
             expandable_segments: Some(true),
             roundup_power2_divisions: vec![(1, 0), (256, 8), (32768, 2)],
             present: true,
+            keys: None,
         },
         stacks: vec![
             vec![],
