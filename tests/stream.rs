@@ -130,6 +130,8 @@ fn assert_same(a: &ReplaySummary, b: &ReplaySummary, what: &str) {
     assert_eq!(a.reconstruct_error, b.reconstruct_error, "{what}: reconstruct error");
     assert_eq!(a.outcome.restore_failures, b.outcome.restore_failures, "{what}: restore failures");
     assert_eq!(final_state(a), final_state(b), "{what}: final segments");
+    // The budget, `reproduces` included: both roads decide it by `budget::made_recorded`.
+    assert_eq!(a.budget, b.budget, "{what}: budget");
     assert!(!a.streamed && b.streamed, "{what}: which path");
 }
 

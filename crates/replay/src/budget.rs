@@ -579,10 +579,22 @@ pub fn recorded_events(trace: &[TraceEntry]) -> (Vec<(u32, &'static str, u64, u6
 /// Whether a replay made exactly the recorded segment events and OOMs.
 pub fn reproduces(o: &ReplayOutcome, trace: &[TraceEntry]) -> bool {
     let (events, ooms) = recorded_events(trace);
-    events.len() == o.segment_events.len()
-        && events.iter().zip(&o.segment_events).all(|(a, b)| *a == (b.request, b.action, b.addr, b.size))
-        && ooms.len() == o.ooms.len()
-        && ooms.iter().zip(&o.ooms).all(|(a, b)| *a == b.request)
+    made_recorded(&events, &ooms, &o.segment_events, &o.ooms)
+}
+
+/// Whether a replay's segment events and OOMs (`simulated`, `simulated_ooms`) are exactly the
+/// recorded ones (`events`, `ooms`: as [`recorded_events`] gives them), each at its request. The
+/// one comparison behind `Budget::reproduces`, in memory ([`reproduces`]) and streamed.
+pub fn made_recorded(
+    events: &[(u32, &'static str, u64, u64)],
+    ooms: &[u32],
+    simulated: &[crate::replay::SegmentEvent],
+    simulated_ooms: &[crate::replay::Oom],
+) -> bool {
+    events.len() == simulated.len()
+        && events.iter().zip(simulated).all(|(a, b)| *a == (b.request, b.action, b.addr, b.size))
+        && ooms.len() == simulated_ooms.len()
+        && ooms.iter().zip(simulated_ooms).all(|(a, b)| *a == b.request)
 }
 
 /// Whether a budget could explain why a replay without one (`simulated`, its segment events)

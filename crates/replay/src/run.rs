@@ -471,6 +471,11 @@ impl Prepared {
             pools = Some(inferred);
             }
         }
+        if budget.kind == Some(crate::budget::BudgetKind::Given) {
+            // A budget given is not inferred, so nothing above checked it: whether the replay
+            // under it makes the recorded segment events and OOMs (as the stream checks it).
+            budget.reproduces = crate::budget::reproduces(&own_outcome, &trace);
+        }
         Ok(Prepared {
             pools,
             device,

@@ -801,6 +801,11 @@ struct DeviceStream<'a> {
     recorded: RecordedMemory,
     /// The bytes the trace had reserved before each `oom` entry (by trace index).
     reserved_before_oom: IntMap<u32, u64>,
+    /// The recorded segment events and OOMs, each at its request ordinal (as
+    /// [`crate::budget::recorded_events`] gives them), for `Budget::reproduces`.
+    recorded_events: Vec<(u32, &'static str, u64, u64)>,
+    recorded_ooms: Vec<u32>,
+    recorded_requests: u32,
     builder: ProgramBuilder,
     queue: VecDeque<Queued>,
     /// The op index of the queue's front.
@@ -907,6 +912,9 @@ impl<'a> DeviceStream<'a> {
             empty_start: EmptyStart::new(&segments),
             recorded: RecordedMemory::default(),
             reserved_before_oom: IntMap::default(),
+            recorded_events: Vec::new(),
+            recorded_ooms: Vec::new(),
+            recorded_requests: 0,
             builder: ProgramBuilder::new(&segments, segment_allocs, None, cross_stream),
             queue: VecDeque::new(),
             ops: 0,
@@ -971,8 +979,15 @@ impl<'a> DeviceStream<'a> {
             ));
         }
         self.empty_start.push(&e);
-        if e.action == Action::Oom {
-            self.reserved_before_oom.insert(index as u32, self.recorded.reserved());
+        match e.action {
+            Action::Oom => {
+                self.reserved_before_oom.insert(index as u32, self.recorded.reserved());
+                self.recorded_ooms.push(self.recorded_requests);
+                self.recorded_requests += 1;
+            }
+            Action::Alloc => self.recorded_requests += 1,
+            a if a.is_segment_event() => self.recorded_events.push((self.recorded_requests, a.as_str(), e.addr, e.size)),
+            _ => {}
         }
         self.recorded.push(&e, self.device_memory);
         let queue = &mut self.queue;
@@ -1192,6 +1207,8 @@ impl<'a> DeviceStream<'a> {
             return Ok((Finished::Fallback(why), seen));
         }
         self.own.complete_held();
+        self.budget.reproduces =
+            crate::budget::made_recorded(&self.recorded_events, &self.recorded_ooms, self.own.segment_events(), self.own.ooms());
         let mut reported = match self.target {
             Some(t) => t,
             None => self.own,
