@@ -388,12 +388,12 @@ impl Look {
 /// Reads `r` to its end into memory, or to where [`Look`] says the decoders end (then, for a
 /// gzip'd stream after a pickle's `STOP`, up to [`MAX_TRAILING_CHECKED`] more bytes are inflated
 /// and dropped, so that a damaged end of the gzip stream is still found). Memory: the bytes kept
-/// (in a vector that grows as they arrive, never by a length the file declares) and one chunk.
-/// `size_hint` (the file's size, where known) is only a hint for the first allocation.
-pub fn read_bounded(mut r: impl Read, gzip: bool, size_hint: u64) -> std::io::Result<(Vec<u8>, Option<u64>)> {
+/// (in a vector that doubles as they arrive, never grown by a length the file declares or by the
+/// file's size: a file that turns out not to be a trace costs what was read of it).
+pub fn read_bounded(mut r: impl Read, gzip: bool) -> std::io::Result<(Vec<u8>, Option<u64>)> {
     // A small first chunk, so that a file that is not a trace is refused at once.
     let mut chunk = 64 << 10;
-    let mut out: Vec<u8> = Vec::with_capacity(if gzip { chunk } else { size_hint.min(1 << 30) as usize + 1 });
+    let mut out: Vec<u8> = Vec::with_capacity(chunk);
     let mut look = Look::new();
     loop {
         let old = out.len();
@@ -401,16 +401,19 @@ pub fn read_bounded(mut r: impl Read, gzip: bool, size_hint: u64) -> std::io::Re
             out.reserve(chunk);
         }
         out.resize(old + chunk, 0);
-        let n = loop {
-            match r.read(&mut out[old..]) {
-                Ok(n) => break n,
+        // The whole chunk (or what is left), so that the look sees it all at once.
+        let mut n = 0;
+        while old + n < out.len() {
+            match r.read(&mut out[old + n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    out.truncate(old);
+                    out.truncate(old + n);
                     return Err(e);
                 }
             }
-        };
+        }
         out.truncate(old + n);
         if n == 0 {
             return Ok((out, None));

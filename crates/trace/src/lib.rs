@@ -503,14 +503,13 @@ pub fn read_trace_whole(path: &Path) -> Result<Snapshot, TraceError> {
     use std::io::Read;
     let io = |e| TraceError::Io { path: path.display().to_string(), source: e };
     let mut f = std::fs::File::open(path).map_err(io)?;
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let mut head = Vec::with_capacity(2);
     (&mut f).take(2).read_to_end(&mut head).map_err(io)?;
     let r = std::io::Read::chain(&head[..], f);
     let bytes = if input::is_gzip(&head) {
         gunzip_from(std::io::BufReader::with_capacity(1 << 18, r))?
     } else {
-        input::read_bounded(r, false, len).map_err(io)?.0
+        input::read_bounded(r, false).map_err(io)?.0
     };
     read_trace_bytes_whole(&bytes)
 }
@@ -585,7 +584,7 @@ fn gunzip_from(r: impl std::io::BufRead) -> Result<Vec<u8>, TraceError> {
     let mut out_len = 0u64;
     let counted = std::io::Read::by_ref(&mut z);
     let r = CountRead { inner: counted, n: &mut out_len };
-    input::read_bounded(r, true, 0).map(|(b, _)| b).map_err(|e| TraceError::Gzip(format!("{e} (after {out_len} decompressed bytes)")))
+    input::read_bounded(r, true).map(|(b, _)| b).map_err(|e| TraceError::Gzip(format!("{e} (after {out_len} decompressed bytes)")))
 }
 
 /// A reader that counts what it gives.
