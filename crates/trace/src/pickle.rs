@@ -667,7 +667,7 @@ impl<'a> Decoder<'a> {
                 format!(
                     "{}: memo index {idx}, beyond the byte offset: no pickler writes it (CPython's unpickler would grow its memo to {} GiB for it)",
                     name(op),
-                    idx.saturating_mul(16) >> 30
+                    idx.saturating_mul(16).div_ceil(1 << 30)
                 ),
             );
         }
