@@ -136,10 +136,28 @@ impl<R: BufRead> Iterator for Events<R> {
                 r
             } else {
                 let n = buf.len();
+                let bad = buf.iter().any(|&c| crate::input::never_in_json(c));
                 self.line.extend_from_slice(buf);
                 self.read += n as u64;
                 self.r.consume(n);
-                None
+                if bad || self.line.len() as u64 > crate::input::MAX_VALUE_BYTES {
+                    // A line that cannot parse, or is too long to: refused now, not at its end.
+                    self.lineno += 1;
+                    let lineno = self.lineno;
+                    let r = if bad {
+                        Self::line(parser, &self.line, lineno, &mut self.header)
+                            .or_else(|| Some(Err(TraceError::Jsonl { line: lineno, msg: "a byte JSON never holds".into() })))
+                    } else {
+                        Some(Err(TraceError::Jsonl {
+                            line: lineno,
+                            msg: format!("longer than the {} MiB a line may hold (allocsim_trace::input::MAX_VALUE_BYTES)", crate::input::MAX_VALUE_BYTES >> 20),
+                        }))
+                    };
+                    self.line.clear();
+                    r
+                } else {
+                    None
+                }
             };
             match found {
                 Some(Ok((device, entry))) => {
@@ -232,6 +250,11 @@ pub fn scan(mut r: impl Read, source: &Source) -> Result<Scanned, TraceError> {
         } else {
             match memchr::memrchr(b'\n', &buf) {
                 Some(p) => p + 1,
+                // A line too long, or one that cannot parse: what does not parse is named by
+                // the events' pass.
+                None if buf.len() as u64 > crate::input::MAX_VALUE_BYTES || buf[old..].iter().any(|&c| crate::input::never_in_json(c)) => {
+                    return Ok(Scanned::Invalid);
+                }
                 None => continue,
             }
         };
@@ -342,7 +365,7 @@ impl JsonlFile {
     pub fn reader(&self) -> Result<TraceReader, TraceError> {
         let f = std::fs::File::open(&self.path).map_err(|e| TraceError::Io { path: self.path.display().to_string(), source: e })?;
         Ok(if self.gzip {
-            Box::new(BufReader::with_capacity(1 << 20, flate2::read::MultiGzDecoder::new(BufReader::with_capacity(1 << 20, f))))
+            Box::new(BufReader::with_capacity(1 << 20, crate::input::GzReader::new(BufReader::with_capacity(1 << 20, f))))
         } else {
             Box::new(BufReader::with_capacity(1 << 20, f))
         })

@@ -20,6 +20,7 @@
 pub mod frames;
 pub mod gzip_tail;
 pub mod hash;
+pub mod input;
 pub mod jsonl;
 pub mod jsonl_stream;
 pub mod mem;
@@ -493,29 +494,31 @@ pub fn read_trace(path: &Path) -> Result<Snapshot, TraceError> {
 /// [`read_trace`] by the general decoders alone: the file read into memory, a pickle decoded
 /// into all its values ([`pickle`]) and then converted ([`snapshot`]). The reference the faster
 /// path is tested against, and what names the problem in a file that path does not read.
+///
+/// The file is read as [`input::read_bounded`] reads it: in chunks, up to where the decoders
+/// stop (a pickle's `STOP`, an opcode refused, a declared length over
+/// [`input::MAX_VALUE_BYTES`], a byte no JSON holds), so a file of zeros is refused after its
+/// first 64 KiB, plain or gzip'd.
 pub fn read_trace_whole(path: &Path) -> Result<Snapshot, TraceError> {
     use std::io::Read;
     let io = |e| TraceError::Io { path: path.display().to_string(), source: e };
     let mut f = std::fs::File::open(path).map_err(io)?;
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0) as usize;
     let mut head = Vec::with_capacity(2);
     (&mut f).take(2).read_to_end(&mut head).map_err(io)?;
-    if head == [0x1f, 0x8b] {
-        let r = std::io::Read::chain(&head[..], std::io::BufReader::new(f));
-        let out = gunzip_from(r, len)?;
-        return read_trace_bytes_whole(&out);
-    }
-    let mut bytes = Vec::with_capacity(len);
-    bytes.extend_from_slice(&head);
-    f.read_to_end(&mut bytes).map_err(io)?;
+    let r = std::io::Read::chain(&head[..], f);
+    let bytes = if input::is_gzip(&head) {
+        gunzip_from(std::io::BufReader::with_capacity(1 << 18, r))?
+    } else {
+        input::read_bounded(r, false).map_err(io)?.0
+    };
     read_trace_bytes_whole(&bytes)
 }
 
 /// Like [`read_trace`], from bytes.
 pub fn read_trace_bytes(bytes: &[u8]) -> Result<Snapshot, TraceError> {
     let raw;
-    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
-        raw = gunzip_from(bytes, bytes.len())?;
+    let bytes = if input::is_gzip(bytes) {
+        raw = gunzip_from(bytes)?;
         &raw[..]
     } else {
         bytes
@@ -531,8 +534,8 @@ pub fn read_trace_bytes(bytes: &[u8]) -> Result<Snapshot, TraceError> {
 /// Like [`read_trace_whole`], from bytes.
 pub fn read_trace_bytes_whole(bytes: &[u8]) -> Result<Snapshot, TraceError> {
     let raw;
-    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
-        raw = gunzip_from(bytes, bytes.len())?;
+    let bytes = if input::is_gzip(bytes) {
+        raw = gunzip_from(bytes)?;
         &raw[..]
     } else {
         bytes
@@ -574,13 +577,28 @@ pub fn is_json_snapshot(text: &[u8]) -> bool {
     SNAPSHOT_KEYS.iter().any(|k| k.as_bytes() == &rest[..end])
 }
 
-fn gunzip_from(r: impl std::io::Read, compressed_len: usize) -> Result<Vec<u8>, TraceError> {
-    use std::io::Read;
-    let mut out = Vec::with_capacity(compressed_len.saturating_mul(8).min(1 << 30));
-    flate2::read::MultiGzDecoder::new(r)
-        .read_to_end(&mut out)
-        .map_err(|e| TraceError::Gzip(format!("{e} (after {} decompressed bytes)", out.len())))?;
-    Ok(out)
+/// The decompressed bytes of a gzip'd stream (members, zero padding: [`input::GzReader`]), read
+/// as far as the decoders need them ([`input::read_bounded`]).
+fn gunzip_from(r: impl std::io::BufRead) -> Result<Vec<u8>, TraceError> {
+    let mut z = input::GzReader::new(r);
+    let mut out_len = 0u64;
+    let counted = std::io::Read::by_ref(&mut z);
+    let r = CountRead { inner: counted, n: &mut out_len };
+    input::read_bounded(r, true).map(|(b, _)| b).map_err(|e| TraceError::Gzip(format!("{e} (after {out_len} decompressed bytes)")))
+}
+
+/// A reader that counts what it gives.
+struct CountRead<'a, R> {
+    inner: R,
+    n: &'a mut u64,
+}
+
+impl<R: std::io::Read> std::io::Read for CountRead<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let k = self.inner.read(buf)?;
+        *self.n += k as u64;
+        Ok(k)
+    }
 }
 
 /// A format [`write_trace`] writes.

@@ -28,10 +28,11 @@
 //! # Robustness
 //!
 //! Malformed input (truncated data, stack underflow, missing MARK, bad memo index, unknown opcode,
-//! length fields larger than the remaining input, marks nested deeper than [`MAX_MARK_DEPTH`])
-//! gives a [`PickleError`] with the byte offset of the offending opcode; it never panics. Every
-//! length field is checked against the remaining input before anything is allocated, and each
-//! opcode adds O(1) handles (or moves existing ones), so memory is linear in the input size.
+//! length fields larger than the remaining input or than [`MAX_VALUE_BYTES`], marks nested deeper
+//! than [`MAX_MARK_DEPTH`], memo indices no pickler writes: [`MEMO_INDEX_SLACK`]) gives a
+//! [`PickleError`] with the byte offset of the offending opcode; it never panics. Every length
+//! field is checked against the limit and the remaining input before anything is allocated, and
+//! each opcode adds O(1) handles (or moves existing ones), so memory is linear in the input size.
 
 use std::collections::HashMap;
 
@@ -50,6 +51,25 @@ pub type DictId = u32;
 
 /// Most MARKs that may be open at once (deeper nesting is refused as malformed).
 pub const MAX_MARK_DEPTH: usize = 100_000;
+/// The most bytes one value may declare ([`crate::input::MAX_VALUE_BYTES`]).
+pub use crate::input::MAX_VALUE_BYTES;
+
+/// Memo indices up to this are taken wherever they come (CPython's C unpickler grows its memo
+/// array to twice the index a put names, so these cost it at most 32 MiB); a larger one only at
+/// or below the byte offset of its opcode. A pickler numbers its memo from 0, one index per
+/// value memoized, each value at least one byte before its put, so no pickler writes a larger
+/// index; CPython would need 16 bytes per unit of the index (an index of 2^31 − 1: 32 GiB), a
+/// `MemoryError` in any ordinary process. Refused, naming the offset.
+pub const MEMO_INDEX_SLACK: u64 = 1 << 20;
+
+fn too_long(op: u8, n: u64) -> String {
+    format!(
+        "{} declares {n} bytes, more than the {} MiB a snapshot value may hold (allocsim_trace::input::MAX_VALUE_BYTES)",
+        name(op),
+        MAX_VALUE_BYTES >> 20
+    )
+}
+
 /// Python's default limit on the digits of a decimal integer (`sys.get_int_max_str_digits()`),
 /// applied to the text opcodes INT and LONG.
 pub const MAX_INT_DIGITS: usize = 4300;
@@ -489,6 +509,9 @@ impl<'a> Decoder<'a> {
 
     /// Converts a length read from the input to usize, checking it against the remaining input.
     fn len_arg(&self, n: u64, at: usize, op: u8) -> Result<usize, PickleError> {
+        if n > MAX_VALUE_BYTES {
+            return err(at, too_long(op, n));
+        }
         let rem = (self.input.len() - self.pos) as u64;
         if n > rem {
             return err(
@@ -636,6 +659,21 @@ impl<'a> Decoder<'a> {
         }
     }
 
+    /// Refuses a memo index no pickler writes ([`MEMO_INDEX_SLACK`]).
+    fn check_memo_index(&self, idx: u64, at: usize, op: u8) -> Result<(), PickleError> {
+        if idx > MEMO_INDEX_SLACK.max(at as u64) {
+            return err(
+                at,
+                format!(
+                    "{}: memo index {idx}, beyond the byte offset: no pickler writes it (CPython's unpickler would grow its memo to {} GiB for it)",
+                    name(op),
+                    idx.saturating_mul(16).div_ceil(1 << 30)
+                ),
+            );
+        }
+        Ok(())
+    }
+
     fn memo_get(&self, idx: u64, at: usize, op: u8) -> Result<Value, PickleError> {
         if let Some(&v) = self
             .memo
@@ -665,7 +703,12 @@ impl<'a> Decoder<'a> {
     /// A `\n`-terminated line (without the newline), for the text opcodes.
     fn line(&mut self, at: usize, op: u8) -> Result<&'a [u8], PickleError> {
         let rest = &self.input[self.pos..];
-        match rest.iter().position(|&c| c == b'\n') {
+        let within = &rest[..rest.len().min(MAX_VALUE_BYTES as usize + 1)];
+        match memchr::memchr(b'\n', within) {
+            None if rest.len() > MAX_VALUE_BYTES as usize => err(
+                at,
+                format!("{}: argument line longer than the {} MiB a snapshot value may hold (allocsim_trace::input::MAX_VALUE_BYTES)", name(op), MAX_VALUE_BYTES >> 20),
+            ),
             Some(i) => {
                 self.pos += i + 1;
                 Ok(&rest[..i])
@@ -998,11 +1041,13 @@ impl<'a> Decoder<'a> {
                 b'q' => {
                     let [i] = self.arg::<1>(at, op)?;
                     let v = self.top(at, op)?;
+                    self.check_memo_index(i as u64, at, op)?;
                     self.memo_put(i as u64, v);
                 }
                 b'r' => {
                     let i = u32::from_le_bytes(self.arg::<4>(at, op)?);
                     let v = self.top(at, op)?;
+                    self.check_memo_index(i as u64, at, op)?;
                     self.memo_put(i as u64, v);
                 }
                 b'h' => {
@@ -1019,6 +1064,7 @@ impl<'a> Decoder<'a> {
                 b'p' => {
                     let i = self.text_index(at, op)?;
                     let v = self.top(at, op)?;
+                    self.check_memo_index(i, at, op)?;
                     self.memo_put(i, v);
                 }
                 b'g' => {

@@ -49,6 +49,16 @@ fn unstreamable<T>(msg: impl Into<String>) -> Result<T, TraceError> {
     Err(TraceError::Unstreamable(msg.into()))
 }
 
+/// Refuses a declared length over [`crate::input::MAX_VALUE_BYTES`] before anything is read for
+/// it (the whole-file decoder then names the offset).
+#[inline]
+fn over_limit(n: u64) -> Result<(), TraceError> {
+    if n > crate::input::MAX_VALUE_BYTES {
+        return unstreamable(format!("a declared length of {n} bytes, over the limit"));
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Values
 
@@ -531,7 +541,7 @@ impl Input {
 
 /// Starts a thread that gunzips `f` into chunks.
 fn gunzip_thread(f: std::fs::File) -> Input {
-    reader_thread(flate2::read::MultiGzDecoder::new(std::io::BufReader::with_capacity(1 << 18, f)))
+    reader_thread(crate::input::GzReader::new(std::io::BufReader::with_capacity(1 << 18, f)))
 }
 
 /// Starts a thread that reads `z` into chunks (a plain file too: its reads then overlap the
@@ -1399,6 +1409,7 @@ impl Vm {
 
     #[inline]
     fn long(&mut self, n: usize) -> Result<V, TraceError> {
+        over_limit(n as u64)?;
         self.need(n)?;
         let b = &self.buf[self.pos..self.pos + n];
         if let Some(i) = pickle::narrow_long(b) {
@@ -1434,6 +1445,7 @@ impl Vm {
                 0x95 => {
                     // A frame must fit in what is left, as the whole-file decoder checks.
                     let n = u64::from_le_bytes(self.bytes::<8>()?);
+                    over_limit(n)?;
                     if n > 0 {
                         self.need(usize::try_from(n).unwrap_or(usize::MAX))?;
                     }
@@ -1492,9 +1504,7 @@ impl Vm {
                         b'X' => u32::from_le_bytes(self.bytes::<4>()?) as u64,
                         _ => u64::from_le_bytes(self.bytes::<8>()?),
                     };
-                    if n > u32::MAX as u64 {
-                        return unstreamable("a string over 4 GiB");
-                    }
+                    over_limit(n)?;
                     self.need(n as usize)?;
                     let v = self.string(n as usize)?;
                     self.stack.push(v);
@@ -1505,9 +1515,7 @@ impl Vm {
                         b'B' => u32::from_le_bytes(self.bytes::<4>()?) as u64,
                         _ => u64::from_le_bytes(self.bytes::<8>()?),
                     };
-                    if n > u32::MAX as u64 {
-                        return unstreamable("bytes over 4 GiB");
-                    }
+                    over_limit(n)?;
                     self.need(n as usize)?;
                     self.pos += n as usize;
                     let (start, len) = self.arena(n as usize)?;
@@ -2166,7 +2174,7 @@ impl PickleFile {
         };
         let file = PickleFile { path: path.to_path_buf(), gzip, bytes: None };
         let first = if gzip {
-            let mut z = flate2::read::MultiGzDecoder::new(std::fs::File::open(path).map_err(io)?);
+            let mut z = crate::input::GzReader::new(std::io::BufReader::new(std::fs::File::open(path).map_err(io)?));
             let mut b = [0u8; 1];
             match z.read_exact(&mut b) {
                 Ok(()) => b[0],
