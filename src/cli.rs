@@ -31,7 +31,8 @@ struct ReplayArgs {
     /// A `PYTORCH_CUDA_ALLOC_CONF` string (default: the settings recorded in the snapshot).
     #[arg(long)]
     config: Option<String>,
-    /// The allowed maximum, as `set_per_process_memory_fraction` gives it: bytes or e.g. `24GiB`.
+    /// The allowed maximum, as `set_per_process_memory_fraction` gives it: bytes or e.g. `24GiB`
+    /// (every size option: at most 2^60 bytes).
     /// Default: the budget the trace was recorded under, inferred from its OOM entries and segment
     /// events (an allowed maximum, or a device full with memory held outside the allocator).
     #[arg(long, value_parser = parse_size)]
@@ -48,10 +49,10 @@ struct ReplayArgs {
     /// Give new segments the addresses another recorded run of the same requests gave them.
     #[arg(long)]
     addresses_from: Option<PathBuf>,
-    /// Also replay under N plausible segment placements and report each outcome.
+    /// Also replay under N plausible segment placements (1 to 64) and report each outcome.
     #[arg(long)]
     placements: Option<usize>,
-    /// Which device's trace to replay (default: every device with entries, each on its own
+    /// Which device's trace to replay, 0 to 65535 (default: every device with entries, each on its own
     /// allocator; `--json` puts the worst, most OOMs then the highest peak reserved, at the top
     /// level and lists all in `devices`).
     #[arg(long)]
@@ -87,11 +88,14 @@ enum Command {
         backend: Backend,
     },
     /// Replay a snapshot under its own settings and check every recorded segment event, OOM,
-    /// allocation address and the final segments. Exit status 1 if anything differs.
+    /// allocation address and the final segments. Exit status 0 if exact, 1 if anything differs
+    /// or the trace contradicts itself (a free of a block it never allocated), 3 if there is
+    /// nothing to validate (no entries, no final segments), 2 on an error.
     Validate {
         /// A snapshot (.pickle, .pickle.gz, a snapshot saved as JSON) or an allocsim .jsonl trace.
         trace: PathBuf,
-        /// The allowed maximum the trace was recorded under (default: inferred from the trace).
+        /// The allowed maximum the trace was recorded under (default: inferred from the trace; at
+        /// most 2^60 bytes).
         #[arg(long, value_parser = parse_size)]
         capacity: Option<u64>,
         /// The device's total memory (default: as the trace shows it, else an H200's).
@@ -213,8 +217,92 @@ where
     }
 }
 
+/// The most placements a command replays under (`--placements`).
+pub const MAX_PLACEMENTS: usize = allocsim_replay::run::MAX_PLACEMENTS;
+/// The largest size a memory option takes (`--capacity`, `--device-memory`, `--cards`, …): 2^60
+/// bytes (1 EiB), the bound on what a trace may record (`allocsim_replay::check`).
+pub const MAX_MEMORY: u64 = allocsim_replay::check::MAX_ADDRESS;
+
+/// Options out of any sensible range, refused before anything is read: one `allocsim: error:`
+/// line naming the option (exit status 2).
+fn check_bounds(command: &Command) -> Result<(), UserError> {
+    fn memory(name: &str, v: Option<u64>) -> Result<(), UserError> {
+        match v {
+            Some(b) if b > MAX_MEMORY => Err(UserError(format!("--{name} {b}: beyond any device (at most 2^60 bytes, 1 EiB)"))),
+            _ => Ok(()),
+        }
+    }
+    fn placements(v: Option<usize>) -> Result<(), UserError> {
+        match v {
+            Some(n) if n == 0 || n > MAX_PLACEMENTS => Err(UserError(format!("--placements {n}: out of range (1 to {MAX_PLACEMENTS})"))),
+            _ => Ok(()),
+        }
+    }
+    fn device(v: Option<usize>) -> Result<(), UserError> {
+        match v {
+            Some(d) if d as i64 >= allocsim_replay::check::MAX_DEVICE => {
+                Err(UserError(format!("--device {d}: not a device index (0 to {})", allocsim_replay::check::MAX_DEVICE - 1)))
+            }
+            _ => Ok(()),
+        }
+    }
+    fn traced(t: &crate::whatif_cmds::TraceArgs) -> Result<(), UserError> {
+        memory("device-memory", t.device_memory)?;
+        memory("trace-capacity", t.trace_capacity)?;
+        device(t.device)
+    }
+    match command {
+        Command::Replay { args, .. } => {
+            memory("capacity", args.capacity)?;
+            memory("device-memory", args.device_memory)?;
+            memory("trace-capacity", args.trace_capacity)?;
+            placements(args.placements)?;
+            device(args.device)
+        }
+        Command::Validate { capacity, device_memory, device: d, .. } => {
+            memory("capacity", *capacity)?;
+            memory("device-memory", *device_memory)?;
+            device(*d)
+        }
+        Command::Explain(a) => traced(&a.trace).and(memory("capacity", a.capacity)),
+        Command::Report(a) => traced(&a.trace).and(memory("capacity", a.capacity)),
+        Command::Export(a) => traced(&a.trace).and(memory("capacity", a.capacity)),
+        Command::Phases(a) => traced(&a.trace).and(memory("capacity", a.capacity)),
+        Command::Sweep(a) => traced(&a.trace).and(memory("capacity", a.capacity)).and(placements(Some(a.placements))),
+        Command::Graphs(a) => traced(&a.trace).and(memory("capacity", a.capacity)).and(placements(Some(a.placements))),
+        Command::Fit(a) => {
+            traced(&a.trace)?;
+            memory("reserve", a.reserve)?;
+            a.cards.iter().try_for_each(|&c| memory("cards", Some(c)))?;
+            placements(Some(a.placements))
+        }
+        Command::Scale(a) => {
+            memory("capacity", a.capacity)?;
+            memory("device-memory", a.device_memory)?;
+            memory("trace-capacity", a.trace_capacity)?;
+            memory("reserve", a.reserve)?;
+            memory("largest-under", a.largest_under.flatten())?;
+            a.cards.iter().try_for_each(|&c| memory("cards", Some(c)))?;
+            device(a.device)
+        }
+        Command::Compare(a) => {
+            memory("capacity", a.capacity)?;
+            memory("device-memory", a.device_memory)?;
+            device(a.device)?;
+            if !(a.spike.is_finite() && a.spike > 0.0 && a.spike <= 1000.0) {
+                return Err(UserError(format!("--spike {}: out of range (a factor above 0, at most 1000)", a.spike)));
+            }
+            Ok(())
+        }
+        Command::Synth(_) | Command::Convert { .. } => Ok(()),
+    }
+}
+
 /// Runs a parsed command: its exit status, or 2 after one `allocsim: error:` line.
 fn execute(command: Command, io: &mut Io<'_>) -> i32 {
+    if let Err(e) = check_bounds(&command) {
+        return report(io.err, &e);
+    }
     let r = match command {
         Command::Replay { args, json, backend: Backend::Sim } => cmd_replay(&args, json, io),
         Command::Replay { args, json, backend: Backend::Cuda } => cmd_replay_cuda(&args, json, io),
@@ -241,7 +329,9 @@ fn execute(command: Command, io: &mut Io<'_>) -> i32 {
 
 /// Writes the error line; exit status 2.
 fn report(err: &mut dyn Write, e: &UserError) -> i32 {
-    let _ = writeln!(err, "allocsim: error: {}", e.0);
+    // One line whatever the message quotes (a snapshot's dict keys are the file's own strings).
+    let line: String = e.0.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect();
+    let _ = writeln!(err, "allocsim: error: {line}");
     let _ = err.flush();
     2
 }

@@ -24,8 +24,8 @@ pub struct GraphsArgs {
     /// The allowed maximum (e.g. `24GiB`), as `set_per_process_memory_fraction` gives it.
     #[arg(long, value_parser = parse_size)]
     pub capacity: Option<u64>,
-    /// Segment placements to replay under (the trace's own addresses first); expandable segments
-    /// need one.
+    /// Segment placements to replay under, 1 to 64 (the trace's own addresses first); expandable
+    /// segments need one.
     #[arg(long, default_value_t = 4)]
     pub placements: usize,
     /// Print one JSON object instead of the text.

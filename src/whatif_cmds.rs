@@ -22,7 +22,8 @@ use crate::size::parse_size;
 pub struct TraceArgs {
     /// A snapshot (.pickle, .pickle.gz) or an allocsim .jsonl trace.
     pub trace: PathBuf,
-    /// The device's total memory (default: as the trace shows it, else an H200's).
+    /// The device's total memory (default: as the trace shows it, else an H200's). Every size
+    /// option takes at most 2^60 bytes.
     #[arg(long, value_parser = parse_size)]
     pub device_memory: Option<u64>,
     /// The allowed maximum the trace was recorded under (tells its `empty_cache()` calls from the
@@ -30,8 +31,8 @@ pub struct TraceArgs {
     /// segment events, with the memory held outside the allocator.
     #[arg(long, value_parser = parse_size)]
     pub trace_capacity: Option<u64>,
-    /// Which device's trace (default: the one that ran out of memory, else the one with the
-    /// highest peak reserved; the answer's first line says which and why).
+    /// Which device's trace, 0 to 65535 (default: the one that ran out of memory, else the one
+    /// with the highest peak reserved; the answer's first line says which and why).
     #[arg(long)]
     pub device: Option<usize>,
 }
@@ -63,7 +64,7 @@ pub struct SweepArgs {
     /// Settings put before every grid point (e.g. `large_segment_size_mb:64`).
     #[arg(long, default_value = "")]
     pub base: String,
-    /// Segment placements per config (expandable-segment configs need one).
+    /// Segment placements per config, 1 to 64 (expandable-segment configs need one).
     #[arg(long, default_value_t = 4)]
     pub placements: usize,
     /// Print one JSON object (every config, every placement) instead of the table.
@@ -143,7 +144,7 @@ pub struct FitArgs {
     /// OOM entries show (`device_free`), else 518 MiB (measured on an H200 with torch 2.11).
     #[arg(long, value_parser = parse_size)]
     pub reserve: Option<u64>,
-    /// Also fit under N plausible placements and report the range.
+    /// Also fit under N plausible placements (1 to 64) and report the range.
     #[arg(long, default_value_t = 1)]
     pub placements: usize,
     /// Print one JSON object instead of the text.
@@ -175,7 +176,7 @@ pub struct CompareArgs {
     #[arg(long)]
     pub by: Option<String>,
     /// Ranks: a file spikes in an iteration when its peak allocated is at least this times the
-    /// median of that iteration.
+    /// median of that iteration (above 0, at most 1000).
     #[arg(long, default_value_t = 1.1)]
     pub spike: f64,
     /// Settings for side A when comparing one trace under two configs.

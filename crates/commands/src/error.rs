@@ -39,7 +39,7 @@ impl From<RunError> for Error {
             | RunError::RecordedConfig { err, .. }
             | RunError::RecordedConfigFor { err, .. } => Error::Config { message, pytorch: err.to_string() },
             RunError::Trace(_) => Error::Trace(message),
-            RunError::NoDevice(..) => Error::Usage(message),
+            RunError::NoDevice(..) | RunError::Placements(_) => Error::Usage(message),
         }
     }
 }

@@ -443,6 +443,13 @@ pub struct ValidateOptions {
 /// with entries (or the one asked for).
 pub fn validate(t: Trace<'_>, o: &ValidateOptions) -> Result<ValidateAnswer, Error> {
     let spec = ReplaySpec { capacity: o.capacity, device_memory: o.device_memory, device: o.device, torch_version: o.torch_version, ..ReplaySpec::default() };
+    if t.snapshot.device_traces.iter().all(|d| d.is_empty()) && t.snapshot.segments.is_empty() {
+        // No entry and no final segment: no recorded fact to check a replay against. (The
+        // device indices are still checked, as every command checks them.)
+        allocsim_replay::devices::devices_named(t.snapshot)?;
+        let rules = spec.rules(&t.snapshot.settings);
+        return Ok(ValidateAnswer { name: t.name.to_owned(), devices: Vec::new(), rules, no_history: None });
+    }
     let runs = match o.device {
         Some(_) => vec![allocsim_replay::run(t.snapshot, &spec)?],
         None => allocsim_replay::devices::run_devices(t.snapshot, &spec)?,
@@ -474,10 +481,18 @@ pub struct ValidateAnswer {
     pub no_history: Option<String>,
 }
 
+/// `validate`'s exit status for a trace with nothing to validate (no entries, no final segments).
+pub const NOTHING_TO_VALIDATE: i32 = 3;
+
 impl ValidateAnswer {
-    /// Every device exact.
+    /// Every device exact (and at least one validated).
     pub fn exact(&self) -> bool {
-        self.devices.iter().all(|d| d.validation.exact)
+        !self.nothing_to_validate() && self.devices.iter().all(|d| d.validation.exact)
+    }
+
+    /// The trace has no entries and no final segments: nothing was validated.
+    pub fn nothing_to_validate(&self) -> bool {
+        self.devices.is_empty()
     }
 }
 
@@ -487,6 +502,9 @@ impl Answer for ValidateAnswer {
             writeln!(out, "{}: {} devices with entries, each validated on its own allocator", self.name, self.devices.len())?;
         }
         write_rules(out, &self.rules)?;
+        if self.nothing_to_validate() {
+            return writeln!(out, "{}: nothing to validate: the trace has no entries and no final segments (not exact; exit status {NOTHING_TO_VALIDATE})", self.name);
+        }
         if let Some(note) = &self.no_history {
             writeln!(out, "note: {note}")?;
         }
@@ -502,16 +520,23 @@ impl Answer for ValidateAnswer {
                 ("alloc addresses", &v.alloc_addresses),
                 ("final segments", &v.final_segments),
             ] {
+                // matched/recorded; the replay's own count where it made more or fewer.
                 writeln!(
                     out,
-                    "  {name:<16} {}/{} reproduced{}",
+                    "  {name:<16} {}/{} reproduced{}{}",
                     a.matched,
                     a.recorded,
+                    if a.simulated != a.recorded { format!(" ({} simulated)", a.simulated) } else { String::new() },
                     a.first_divergence.as_ref().map(|d| format!("; first divergence: {d}")).unwrap_or_default()
                 )?;
             }
+            for f in &v.findings {
+                writeln!(out, "  inconsistent     {f}")?;
+            }
             if v.exact {
                 writeln!(out, "  exact")?;
+            } else if !v.findings.is_empty() {
+                writeln!(out, "  NOT exact: the trace contradicts itself or its final segments")?;
             } else if v.settings_changed.is_empty() {
                 writeln!(out, "  NOT exact")?;
             } else {
@@ -532,15 +557,33 @@ impl Answer for ValidateAnswer {
             json["budget"] = d.budget.to_json();
             json
         };
-        let mut json = one(&self.devices[0]);
+        let Some(first) = self.devices.first() else {
+            return json!({
+                "trace": self.name,
+                "exact": false,
+                "nothing_to_validate": true,
+                "torch_version": self.rules.version.to_string(),
+                "rules": self.rules.to_json(),
+                "devices": [],
+            });
+        };
+        let mut json = one(first);
         json["exact"] = json!(self.exact());
-        json["exact_device"] = json!(self.devices[0].validation.exact);
+        json["nothing_to_validate"] = json!(false);
+        json["exact_device"] = json!(first.validation.exact);
         json["torch_version"] = json!(self.rules.version.to_string());
         json["rules"] = self.rules.to_json();
         json["devices"] = Value::from(self.devices.iter().map(one).collect::<Vec<_>>());
         json
     }
+    /// 0: exact; 1: something differs (or the trace contradicts itself); 3: nothing to validate.
     fn exit_code(&self) -> i32 {
-        if self.exact() { 0 } else { 1 }
+        if self.nothing_to_validate() {
+            NOTHING_TO_VALIDATE
+        } else if self.exact() {
+            0
+        } else {
+            1
+        }
     }
 }

@@ -235,16 +235,10 @@ pub fn predict(p: &Prepared, q: &Question<'_>) -> Result<GraphsAnswer, GraphsErr
     if !placement_independent {
         list.extend(p.placements(q.placements.max(1)).into_iter().skip(1));
     }
-    let runs: Vec<PlacementPrediction> = std::thread::scope(|sc| {
-        let handles: Vec<_> = list
-            .into_iter()
-            .map(|(name, pl)| {
-                let (rec, s) = (&rec, &s);
-                sc.spawn(move || PlacementPrediction { name, prediction: replay(p, rec, s, q.batches, q.config, q.limits, pl) })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("a placement's replay panicked")).collect()
-    });
+    // On rayon's pool (one thread a core), however many placements are asked for.
+    use rayon::prelude::*;
+    let runs: Vec<PlacementPrediction> =
+        list.into_par_iter().map(|(name, pl)| PlacementPrediction { name, prediction: replay(p, &rec, &s, q.batches, q.config, q.limits, pl) }).collect();
     let reserved_ranges = (0..q.batches.len())
         .map(|k| {
             let v = runs.iter().map(|r| r.prediction.captures[k].after.reserved);

@@ -1,10 +1,29 @@
 //! Snapshots of several GPUs: each device's trace is replayed on its own model (allocators are per
 //! device in PyTorch; nothing is shared), and the devices are ranked worst first.
 
+use std::collections::BTreeSet;
+
 use allocsim_model::format::format_size;
 use allocsim_trace::{Action, Snapshot, SnapshotSegment};
+use rayon::prelude::*;
 
 use crate::run::{ReplaySpec, ReplaySummary, Replayed, RunError, run};
+
+/// The devices a snapshot names, in order: every index of `device_traces` and every final
+/// segment's device. A set of the indices seen, never anything indexed by device: a device index
+/// no machine has (negative, or 2^16 and beyond) is an error naming the segment
+/// ([`crate::check::check_devices`]).
+pub fn devices_named(snap: &Snapshot) -> Result<BTreeSet<usize>, RunError> {
+    crate::check::check_devices(snap)?;
+    let mut set: BTreeSet<usize> = (0..snap.device_traces.len()).collect();
+    set.extend(snap.segments.iter().map(|s| s.device as usize));
+    Ok(set)
+}
+
+/// One more than the highest device a snapshot names (0 for none): `--device N` must be below it.
+fn device_count(named: &BTreeSet<usize>) -> usize {
+    named.last().map_or(0, |d| d + 1)
+}
 
 /// The devices whose trace has entries, in device order.
 pub fn devices_with_entries(snap: &Snapshot) -> Vec<usize> {
@@ -17,18 +36,16 @@ pub fn devices_with_entries(snap: &Snapshot) -> Vec<usize> {
 pub fn run_devices(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Vec<Replayed>, RunError> {
     let mut devices = devices_with_entries(snap);
     if devices.is_empty() {
-        devices.push(choose_device(snap).device);
+        devices.push(choose_device(snap)?.device);
     }
-    let results: Vec<Result<Replayed, RunError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = devices
-            .iter()
-            .map(|&d| {
-                let spec = ReplaySpec { device: Some(d), ..spec.clone() };
-                s.spawn(move || run(snap, &spec))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("device replay panicked")).collect()
-    });
+    // On rayon's pool (one thread a core), however many devices the snapshot has.
+    let results: Vec<Result<Replayed, RunError>> = devices
+        .par_iter()
+        .map(|&d| {
+            let spec = ReplaySpec { device: Some(d), ..spec.clone() };
+            run(snap, &spec)
+        })
+        .collect();
     results.into_iter().collect()
 }
 
@@ -38,7 +55,7 @@ pub fn run_devices(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Vec<Replaye
 pub fn run_devices_owned(snap: &mut Snapshot, spec: &ReplaySpec<'_>) -> Result<Vec<Replayed>, RunError> {
     let mut devices = devices_with_entries(snap);
     if devices.is_empty() {
-        devices.push(choose_device(snap).device);
+        devices.push(choose_device(snap)?.device);
     }
     // Chosen (each as `run` would: given) on the snapshot whole, then the traces taken out.
     let mut given = Vec::with_capacity(devices.len());
@@ -48,16 +65,13 @@ pub fn run_devices_owned(snap: &mut Snapshot, spec: &ReplaySpec<'_>) -> Result<V
         given.push((choice, trace));
     }
     let snap: &Snapshot = snap;
-    let results: Vec<Result<Replayed, RunError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = given
-            .into_iter()
-            .map(|(choice, trace)| {
-                let spec = ReplaySpec { device: Some(choice.device), ..spec.clone() };
-                s.spawn(move || crate::run::run_given(snap, &spec, choice, trace))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("device replay panicked")).collect()
-    });
+    let results: Vec<Result<Replayed, RunError>> = given
+        .into_par_iter()
+        .map(|(choice, trace)| {
+            let spec = ReplaySpec { device: Some(choice.device), ..spec.clone() };
+            crate::run::run_given(snap, &spec, choice, trace)
+        })
+        .collect();
     results.into_iter().collect()
 }
 
@@ -134,10 +148,10 @@ pub fn device_facts(snap: &Snapshot, d: usize) -> DeviceFacts {
 /// The device that matters when none is given: among the devices with trace entries, the one
 /// that ran out of memory (the most `oom` entries), else the one with the highest peak reserved
 /// (lowest device number on ties); with no entries anywhere, the device holding the most of the
-/// final segments; with nothing at all, device 0.
-pub fn choose_device(snap: &Snapshot) -> DeviceChoice {
-    let n = snap.device_traces.len().max(snap.segments.iter().map(|s| s.device.max(0) as usize + 1).max().unwrap_or(0));
-    let all: Vec<DeviceFacts> = (0..n).map(|d| device_facts(snap, d)).collect();
+/// final segments; with nothing at all, device 0. Only the devices the snapshot names are looked
+/// at ([`devices_named`]; an absurd device index is an error).
+pub fn choose_device(snap: &Snapshot) -> Result<DeviceChoice, RunError> {
+    let all: Vec<DeviceFacts> = devices_named(snap)?.into_iter().map(|d| device_facts(snap, d)).collect();
     let with_entries: Vec<DeviceFacts> = all.iter().filter(|f| f.entries > 0).cloned().collect();
     if !with_entries.is_empty() {
         let best = with_entries
@@ -151,23 +165,23 @@ pub fn choose_device(snap: &Snapshot) -> DeviceChoice {
         } else {
             DeviceReason::HighestPeak
         };
-        return DeviceChoice { device: best.device, reason, candidates: with_entries };
+        return Ok(DeviceChoice { device: best.device, reason, candidates: with_entries });
     }
     let with_segments: Vec<DeviceFacts> = all.into_iter().filter(|f| f.reserved_at_end > 0).collect();
-    match with_segments.iter().min_by_key(|f| (std::cmp::Reverse(f.reserved_at_end), f.device)) {
+    Ok(match with_segments.iter().min_by_key(|f| (std::cmp::Reverse(f.reserved_at_end), f.device)) {
         // One device, device 0: nothing was chosen.
         Some(best) if with_segments.len() == 1 && best.device == 0 => DeviceChoice { device: 0, reason: DeviceReason::Only, candidates: with_segments },
         Some(best) => DeviceChoice { device: best.device, reason: DeviceReason::HasSegments, candidates: with_segments },
         None => DeviceChoice { device: 0, reason: DeviceReason::Only, candidates: Vec::new() },
-    }
+    })
 }
 
 /// [`choose_device`], or `given` (checked against the snapshot's devices).
 pub fn device_for(snap: &Snapshot, given: Option<usize>) -> Result<DeviceChoice, RunError> {
     match given {
-        None => Ok(choose_device(snap)),
+        None => choose_device(snap),
         Some(d) => {
-            let n = snap.device_traces.len().max(snap.segments.iter().map(|s| s.device.max(0) as usize + 1).max().unwrap_or(0));
+            let n = device_count(&devices_named(snap)?);
             if d >= n {
                 return Err(RunError::NoDevice(d, n));
             }

@@ -82,8 +82,13 @@ impl Default for ReplaySpec<'_> {
     }
 }
 
+/// The most placements a replay runs under (`ReplaySpec::placements`, `--placements`).
+pub const MAX_PLACEMENTS: usize = 64;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    #[error("--placements {0}: out of range (1 to {MAX_PLACEMENTS})")]
+    Placements(usize),
     #[error("the snapshot has no device {0} ({1} device traces)")]
     NoDevice(usize, usize),
     #[error("the snapshot's recorded PYTORCH_CUDA_ALLOC_CONF {conf:?} is not valid for PyTorch 2.11: {err}")]
@@ -616,6 +621,11 @@ pub fn run_given(snap: &Snapshot, spec: &ReplaySpec<'_>, choice: crate::devices:
 }
 
 fn run_with(snap: &Snapshot, spec: &ReplaySpec<'_>, given: Option<(crate::devices::DeviceChoice, Vec<TraceEntry>)>) -> Result<Replayed, RunError> {
+    if let Some(n) = spec.placements
+        && !(1..=MAX_PLACEMENTS).contains(&n)
+    {
+        return Err(RunError::Placements(n));
+    }
     let (own, config) = spec.configs(&snap.settings)?;
     let version = spec.rules(&snap.settings).version;
     // Where were the empty_cache() calls? Decided under the trace's own settings and addresses.
@@ -640,17 +650,10 @@ fn run_with(snap: &Snapshot, spec: &ReplaySpec<'_>, given: Option<(crate::device
     let mut placements = Vec::new();
     if let Some(n) = spec.placements {
         let list = prepared.placements(n);
-        placements = std::thread::scope(|s| {
-            let handles: Vec<_> = list
-                .into_iter()
-                .map(|(name, pl)| {
-                    let (prepared, options) = (&prepared, &options);
-                    let limits = Limits { capacity: options.capacity, outside: options.outside.clone() };
-                    s.spawn(move || (name, prepared.replay_under(&options.config, &limits, pl)))
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("placement replay panicked")).collect()
-        });
+        // On rayon's pool (one thread a core), however many placements are asked for.
+        use rayon::prelude::*;
+        let limits = Limits { capacity: options.capacity, outside: options.outside.clone() };
+        placements = list.into_par_iter().map(|(name, pl)| (name, prepared.replay_under(&options.config, &limits, pl))).collect();
     }
     let mut budget_ends = Vec::new();
     if !own_settings

@@ -47,7 +47,7 @@ use allocsim_model::{AllocatorConfig, SimDevice};
 use allocsim_trace::hash::IntMap;
 use allocsim_trace::{Action, RecordedSettings, Snapshot, SnapshotSegment, TraceEntry};
 
-use crate::check::{TraceCheckError, check_entry, check_segments};
+use crate::check::{LiveBlocks, TraceCheckError, check_entry, check_segment_devices, check_segments};
 use crate::oom::{RecordedMemory, device_free_with};
 use crate::program::{Built, MidHistory, Op, ProgramBuilder, Request};
 use crate::replay::{Ahead, Inference, MapSlots, ReplayOptions, Stepper, recorded_device_calls, recorded_placement_from};
@@ -150,6 +150,10 @@ where
             return Err(StreamError::Run(e));
         }
     };
+    if let Err(e) = check_segment_devices(input.segments) {
+        // A final segment on a device no machine has: the whole read says which.
+        return Err(StreamError::Run(e.into()));
+    }
     if let Some(why) = starts_with_segments(input, spec.device) {
         // Known from the first pass alone: no need to stream the entries before reading whole.
         return Ok(Streamed::Fallback(why));
@@ -264,6 +268,9 @@ where
     }
     if segments.iter().any(|s| s.pool_id != (0, 0)) {
         return Err("final segments in private pools".into());
+    }
+    if check_segment_devices(segments).is_err() {
+        return Err("a final segment on a device no machine has".into());
     }
     let (mut settings, mut settings_assumed) = (settings.clone(), settings_assumed);
     let mut events = events;
@@ -784,6 +791,8 @@ struct DeviceStream<'a> {
     index: usize,
     /// The first entry out of bounds (then entries are only counted).
     entry_error: Option<TraceCheckError>,
+    /// The blocks the trace allocated and has not freed (an allocation over one is an error).
+    live: LiveBlocks,
     /// Final segments out of bounds (then entries are only checked).
     segments_error: Option<TraceCheckError>,
     /// Entries are only checked, not replayed: the final segments are out of bounds, or a segment
@@ -903,6 +912,7 @@ impl<'a> DeviceStream<'a> {
             options,
             index: 0,
             entry_error: None,
+            live: LiveBlocks::default(),
             segments_error,
             check_only,
             segment_entries,
@@ -936,7 +946,7 @@ impl<'a> DeviceStream<'a> {
         }
         let index = self.index;
         self.index += 1;
-        if let Err(err) = check_entry(self.device, index, &e) {
+        if let Err(err) = check_entry(self.device, index, &e).and_then(|()| self.live.push(self.device, index, &e)) {
             self.entry_error = Some(err);
             return Ok(());
         }

@@ -32,6 +32,10 @@ pub struct Validation {
     /// ones in force for part of the run (`crate::settings_change`; a snapshot keeps only the
     /// last settings).
     pub settings_changed: Vec<String>,
+    /// What the trace itself contradicts (a free of an address it never allocated, a block freed
+    /// twice, a start that cannot be reconstructed): a replay of an inconsistent trace is never
+    /// exact, whatever its counts.
+    pub findings: Vec<String>,
 }
 
 pub fn validate(r: &Replayed) -> Validation {
@@ -97,7 +101,8 @@ pub fn validate(r: &Replayed) -> Validation {
         }
     }
     let final_segments = compare_final_segments(r);
-    let exact = segment_events.exact() && ooms.exact() && alloc_addresses.exact() && final_segments.exact();
+    let findings = findings(r);
+    let exact = segment_events.exact() && ooms.exact() && alloc_addresses.exact() && final_segments.exact() && findings.is_empty();
     let settings_changed = if exact {
         Vec::new()
     } else {
@@ -106,11 +111,31 @@ pub fn validate(r: &Replayed) -> Validation {
     Validation {
         exact,
         settings_changed,
+        findings,
         segment_events,
         ooms,
         alloc_addresses,
         final_segments,
     }
+}
+
+/// What the trace contradicts, as the replay's program found it: its start could not be
+/// reconstructed from the final segments, or it frees blocks that neither it nor the final
+/// segments allocated (ignored by the replay, so the counts alone would not show them).
+fn findings(r: &Replayed) -> Vec<String> {
+    let mut v = Vec::new();
+    if let Some(e) = &r.program.reconstruct_error {
+        v.push(format!("the state at the trace's start cannot be reconstructed from its final segments ({e})"));
+    }
+    let n = r.program.unknown_frees;
+    if n > 0 {
+        v.push(format!(
+            "{n} free{} of blocks that neither the trace nor its final segments allocated (freed twice, or never allocated) {} ignored",
+            if n == 1 { "" } else { "s" },
+            if n == 1 { "was" } else { "were" }
+        ));
+    }
+    v
 }
 
 type SegmentShape = (u64, u64, Vec<(u64, BlockState)>);
@@ -136,12 +161,25 @@ fn compare_final_segments(r: &Replayed) -> Agreement {
     let rec: Vec<SegmentShape> =
         r.segments.iter().map(|s| (s.address, s.total_size, s.blocks.iter().map(|b| (b.size, b.state)).collect())).collect();
     let show = |s: Option<&SegmentShape>| s.map_or("none".to_string(), |s| format!("{:#x} ({} bytes, {} blocks)", s.0, s.1, s.2.len()));
+    // Each simulated segment matches one recorded segment at most, so that `matched` counts what
+    // was reproduced and is below `recorded` (or `simulated`) whenever they differ.
+    let mut used = vec![false; sim.len()];
+    let mut matched = 0;
+    for x in &rec {
+        if let Some(k) = (0..sim.len()).find(|&k| !used[k] && sim[k] == *x) {
+            used[k] = true;
+            matched += 1;
+        }
+    }
     let i = rec.iter().zip(&sim).take_while(|(x, y)| x == y).count();
+    let reproduced = matched == rec.len() && matched == sim.len();
     Agreement {
         recorded: rec.len(),
         simulated: sim.len(),
-        matched: rec.iter().filter(|s| sim.contains(s)).count(),
+        matched,
         first_divergence: (rec != sim).then(|| match (rec.get(i), sim.get(i)) {
+            // The same segments in another order (the snapshot lists them as PyTorch iterates).
+            _ if reproduced => format!("segment {i}: the same segments, in another order: recorded {}, simulated {}", show(rec.get(i)), show(sim.get(i))),
             (Some(x), Some(y)) => format!("segment {i}: {}", segment_difference(x, y)),
             (x, y) => format!("segment {i}: recorded {}, simulated {}", show(x), show(y)),
         }),

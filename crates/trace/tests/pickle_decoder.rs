@@ -352,7 +352,9 @@ fn truncation_at_every_prefix() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
 
-    /// Corrupting bytes of real pickles gives a value or an error, never a panic.
+    /// Corrupting bytes of real pickles gives a value or an error at a byte offset within the
+    /// input; the snapshot converter, a snapshot or an error that names the byte or the entry
+    /// (and a snapshot only from a pickle that decodes).
     #[test]
     fn mutations_never_panic(which in 0usize..3, edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6)) {
         let f = ["snap/small_p4.pickle", "values/fixed_p2.pickle", "values/random2_p0.pickle"][which];
@@ -361,17 +363,48 @@ proptest! {
             let i = i.index(b.len());
             b[i] = v;
         }
-        if let Ok(d) = decode(&b) {
-            let _ = d.depth_limited_repr(d.root(), 8, 500);
+        let decoded = decode(&b);
+        match &decoded {
+            Ok(d) => {
+                let _ = d.depth_limited_repr(d.root(), 8, 500);
+            }
+            Err(e) => clean_pickle_error(e, &b)?,
         }
-        let _ = allocsim_trace::snapshot::from_pickle(&b);
+        match allocsim_trace::snapshot::from_pickle(&b) {
+            Ok(_) => prop_assert!(decoded.is_ok(), "a snapshot from a pickle that does not decode"),
+            Err(e) => {
+                let m = e.to_string();
+                match e {
+                    allocsim_trace::TraceError::Pickle(p) => clean_pickle_error(&p, &b)?,
+                    // (It may quote the file's own strings, newlines and all: the command line
+                    // escapes control characters to keep its error to one line.)
+                    allocsim_trace::TraceError::NotSnapshot(why) => prop_assert!(decoded.is_ok() && !why.is_empty(), "{m}"),
+                    other => prop_assert!(false, "unexpected error kind: {other}"),
+                }
+            }
+        }
     }
 
+    /// Random bytes (bare, and after a protocol-2 header): a value or an error at an offset
+    /// within the input, never a panic.
     #[test]
     fn random_bytes_never_panic(mut b in proptest::collection::vec(any::<u8>(), 0..200)) {
-        let _ = decode(&b);
+        if let Err(e) = decode(&b) {
+            clean_pickle_error(&e, &b)?;
+        }
         b.insert(0, 2);
         b.insert(0, 0x80);
-        let _ = decode(&b);
+        if let Err(e) = decode(&b) {
+            clean_pickle_error(&e, &b)?;
+        }
     }
+}
+
+/// A decoder error as the command line prints it: one line naming a byte offset within the input.
+fn clean_pickle_error(e: &pickle::PickleError, input: &[u8]) -> Result<(), TestCaseError> {
+    let m = e.to_string();
+    prop_assert!(e.offset <= input.len(), "offset {} beyond the input ({} bytes): {m}", e.offset, input.len());
+    prop_assert!(!e.msg.is_empty() && !m.contains('\n'), "not one line: {m:?}");
+    prop_assert!(m.contains(&format!("byte {}", e.offset)), "names no byte offset: {m}");
+    Ok(())
 }
