@@ -114,7 +114,7 @@ fn truncated_plain_pickle() {
 #[test]
 fn empty_file() {
     let t = TempFile::with("empty.pickle", b"");
-    user_error(&["replay", t.arg()], &["pickle", "truncated"]);
+    user_error(&["replay", t.arg()], &["not a memory snapshot", "the file is empty"]);
 }
 
 #[test]
@@ -377,4 +377,34 @@ fn convert_then_replay_matches_the_pickle() {
         assert_eq!(va.status.code(), vb.status.code(), "{rel}");
         assert_eq!(va.stdout, vb.stdout, "{rel}: validate differs");
     }
+}
+
+/// A text file, an empty file and a file of white space are named as what they are (issue 27:
+/// "hello" used to be "BINGET: memo key 101 not found", an empty file "input ended before the STOP
+/// opcode"), plain and gzip'd, by the streamed and the in-memory reading alike.
+#[test]
+fn text_and_empty_files_are_named_as_such() {
+    let gz = |b: &[u8]| {
+        use std::io::Write;
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        z.write_all(b).unwrap();
+        z.finish().unwrap()
+    };
+    let cases: [(&str, Vec<u8>, &[&str]); 5] = [
+        ("hello.txt", b"hello\n".to_vec(), &["the file is text (\"hello\")", "neither a snapshot pickle"]),
+        ("hello.txt.gz", gz(b"hello\n"), &["the file is text (\"hello\")"]),
+        ("notes.md", "# r\u{e9}sum\u{e9} of the run\n".as_bytes().to_vec(), &["the file is text (\"# r\u{e9}sum\u{e9} of the run\")"]),
+        ("empty.pickle", Vec::new(), &["the file is empty", "_dump_snapshot"]),
+        ("blank.json", b"  \n\t\n".to_vec(), &["the file holds only white space"]),
+    ];
+    for (name, bytes, needles) in cases {
+        let f = TempFile::with(name, &bytes);
+        for cmd in [&["replay", f.arg()][..], &["replay", f.arg(), "--in-memory"], &["validate", f.arg()], &["explain", f.arg()]] {
+            let err = user_error(cmd, needles);
+            assert!(!err.contains("memo key") && !err.contains("STOP opcode"), "{name}: {err}");
+        }
+    }
+    // Bytes that are not text keep the decoder's error, which names the byte.
+    let f = TempFile::with("zeros.bin", &[0xfc, 0x00, 0x01]);
+    user_error(&["replay", f.arg()], &["pickle error at byte 0", "0xfc"]);
 }

@@ -545,8 +545,35 @@ pub fn read_trace_bytes_whole(bytes: &[u8]) -> Result<Snapshot, TraceError> {
         Some(b'{') if is_json_snapshot(&bytes[start..]) => snapshot::from_json(bytes),
         Some(b'{') => jsonl::read(bytes),
         Some(b'[') => snapshot::from_json(bytes),
-        _ => snapshot::from_pickle(bytes),
+        None if bytes.is_empty() => Err(TraceError::NotSnapshot(format!("the file is empty{}", WHAT_A_SNAPSHOT_IS))),
+        None => Err(TraceError::NotSnapshot(format!("the file holds only white space{}", WHAT_A_SNAPSHOT_IS))),
+        _ => snapshot::from_pickle(bytes).map_err(|e| not_a_pickle(bytes).unwrap_or(e)),
     }
+}
+
+/// What a trace file is, for the errors of a file that is none.
+const WHAT_A_SNAPSHOT_IS: &str =
+    " (a trace is what torch.cuda.memory._dump_snapshot writes, plain or gzip'd, the snapshot as JSON, or allocsim's JSON Lines)";
+
+/// The error for bytes the pickle decoder refused that are text, not a pickle: a pickle of
+/// protocol 2 or later (what `pickle.dump` writes by default, so `_dump_snapshot`) starts with
+/// the `PROTO` byte 0x80, and text that is neither JSON nor JSON Lines is some other file, whatever
+/// opcode its first letter happens to be ("h" is `BINGET`). `None` for anything else: the
+/// decoder's own error names the byte.
+fn not_a_pickle(bytes: &[u8]) -> Option<TraceError> {
+    let head = &bytes[..bytes.len().min(64)];
+    let text = match std::str::from_utf8(head) {
+        Ok(t) => t,
+        // A character cut by the 64-byte window: the text before it.
+        Err(e) if e.error_len().is_none() => std::str::from_utf8(&head[..e.valid_up_to()]).ok()?,
+        Err(_) => return None,
+    };
+    let printable = |c: char| !c.is_control() || c.is_ascii_whitespace();
+    if bytes[0] == 0x80 || text.is_empty() || !text.chars().all(printable) {
+        return None;
+    }
+    let shown: String = text.chars().take(40).map(|c| if c.is_ascii_whitespace() { ' ' } else { c }).collect();
+    Some(TraceError::NotSnapshot(format!("the file is text ({:?}), neither a snapshot pickle (one starts with byte 0x80) nor JSON{}", shown.trim_end(), WHAT_A_SNAPSHOT_IS)))
 }
 
 /// The keys of the dict `torch.cuda.memory._snapshot()` returns.
