@@ -128,7 +128,9 @@ pub struct DeviceChoice {
 /// What device `d`'s trace and final segments show.
 pub fn device_facts(snap: &Snapshot, d: usize) -> DeviceFacts {
     let trace = snap.device_traces.get(d).map_or(&[][..], |t| t.as_slice());
-    let end: u64 = snap.segments.iter().filter(|s| s.device == d as i64).map(|s| s.total_size).sum();
+    // Saturating: sizes out of bounds are refused later, naming the segment (crate::check),
+    // and must not overflow here first.
+    let end: u64 = snap.segments.iter().filter(|s| s.device == d as i64).fold(0u64, |a, s| a.saturating_add(s.total_size));
     // Backwards from the final segments: before a segment_alloc/map there was less reserved,
     // before a segment_free/unmap more.
     let (mut cur, mut peak) = (end as i128, end as i128);
