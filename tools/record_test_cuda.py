@@ -2,26 +2,39 @@
 """Record PyTorch's own allocator tests (test/test_cuda.py) as snapshots, for `allocsim validate`.
 
     python3 tools/record_test_cuda.py --pytorch-src DIR OUT_DIR [--tests NAME ...] [--settings default expandable]
+                                      [--job-timeout S]
     python3 tools/record_test_cuda.py --scenarios OUT_DIR [--settings default expandable]
 
-Needs a GPU, torch, and (for the first form) a checkout of PyTorch's sources at the commit of the
-installed wheel (`python -c 'import torch; print(torch.version.git_version)'`): the wheels do not
-ship `test/`. Each test runs in a process of its own, once per settings (`default`: no
+Needs a GPU, torch, and (for the first form) PyTorch's test/test_cuda.py under DIR/test/, from the
+release of the installed wheel (`python -c 'import torch; print(torch.version.git_version)'`): the
+wheels do not ship `test/`. A trimmed copy holding only the tests below will do (the GPU session,
+tools/gpu_test_cuda_session.sh, carries one in .ptsrc/); torch's test helpers also need the
+`expecttest` package. Each test runs in a process of its own, once per settings (`default`: no
 PYTORCH_CUDA_ALLOC_CONF; `expandable`: `expandable_segments:True`), with memory history recorded
 from the test's first line (`_record_memory_history(max_entries=...)`, torch's default context and
 stacks) to its last; then `_dump_snapshot` writes OUT_DIR/<test>__<settings>.pickle.gz and
 OUT_DIR/<test>__<settings>.json holds what the snapshot cannot: the torch version and git commit,
 the device's total memory, the settings string, `memory_stats()` before and after the test (the
 counters count from process start), the test's outcome, and the calls the test made that change
-settings mid-run (`_set_allocator_settings`, `set_per_process_memory_fraction`, each with its
-arguments, result and the trace entry count at the time), recorded by wrapping those functions.
+settings mid-run (`_set_allocator_settings`, `torch._C._accelerator_setAllocatorSettings`,
+`set_per_process_memory_fraction`, each with its arguments, result and the trace entry count at the
+time), recorded by wrapping those functions. The tests run under torch's own TestCase as
+`run_tests` would run them: TestCuda sets `_do_cuda_non_default_stream`, so its tests run with a
+side stream made current (common_utils' CudaNonDefaultStream), and their traces show that stream.
 
-The tests recorded by default are the allocator tests `allocsim` is checked against (TestCuda's
-`test_allocator_settings`, `test_set_per_process_memory_fraction`, `test_max_split_expandable`,
-`test_caching_pinned_memory`..., and TestMemPool's `test_mempool_*`,
-`test_tensor_delete_after_allocator_delete`, `test_deleted_mempool_not_used_on_oom`). Where a test
-cannot run here (a missing compiler for the dummy allocator extension), the .json says why and
-no snapshot is written.
+The tests recorded by default (DEFAULT_TESTS, each named by the class test_cuda.py defines it in)
+are the allocator tests `allocsim` is checked against: TestCuda's OOM-retry, memory-fraction and
+record_stream tests, TestCudaMallocAsync's `test_max_split_expandable`,
+`test_garbage_collect_expandable`, `test_allocator_settings` and `test_notifies_oom` (that class
+runs on the native allocator too; its name is historical), and TestMemPool's. Five of TestMemPool's
+(`test_mempool_empty_cache_inactive`, `test_mempool_with_allocator`,
+`test_tensor_delete_after_allocator_delete`, `test_mempool_expandable`,
+`test_deleted_mempool_not_used_on_oom`) build a dummy allocator with
+`torch.utils.cpp_extension.load_inline`: they need a C++ compiler, ninja and the CUDA headers; they
+are listed so that the two sources of that extension are built once each. The .json's `outcome` is
+`ok` (ran and passed), `skipped` (with the reason in `why`), `failed` (an assertion or error, in
+`why`; a snapshot is still written when the test body ran), `crashed` (the process died, see the
+.log) or `timeout` (past --job-timeout).
 
 `--scenarios` records the situations the tests do not cover, as small jobs of this script:
   retries_devfull   expandable segments, a second process leaves 2.5 GiB free, then squeezes to 1.5
@@ -33,6 +46,7 @@ no snapshot is written.
                     `expandable_segments:True`
 """
 import argparse
+import functools
 import gzip
 import importlib.util
 import json
@@ -47,24 +61,24 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 DEFAULT_TESTS = [
-    "TestCuda.test_allocator_settings",
-    "TestCuda.test_set_per_process_memory_fraction",
-    "TestCuda.test_max_split_expandable",
-    "TestCuda.test_garbage_collect_expandable",
-    "TestCuda.test_caching_allocator_record_stream_oom",
-    "TestCuda.test_record_stream",
     "TestCuda.test_out_of_memory_retry",
-    "TestCuda.test_notifies_oom",
+    "TestCuda.test_set_per_process_memory_fraction",
+    "TestCuda.test_record_stream",
+    "TestCuda.test_caching_allocator_record_stream_oom",
+    "TestCudaMallocAsync.test_max_split_expandable",
+    "TestCudaMallocAsync.test_garbage_collect_expandable",
+    "TestCudaMallocAsync.test_allocator_settings",
+    "TestCudaMallocAsync.test_notifies_oom",
     "TestMemPool.test_mempool_no_split",
     "TestMemPool.test_mempool_empty_cache",
+    "TestMemPool.test_mempool_multithread",
+    # load_inline'd dummy allocator, the source with counters (check_vars=True)
     "TestMemPool.test_mempool_empty_cache_inactive",
     "TestMemPool.test_mempool_with_allocator",
-    "TestMemPool.test_mempool_expandable",
-    "TestMemPool.test_mempool_limited_memory_with_allocator",
-    "TestMemPool.test_deleted_mempool_not_used_on_oom",
     "TestMemPool.test_tensor_delete_after_allocator_delete",
-    "TestMemPool.test_mempool_context",
-    "TestMemPool.test_mempool_multithread",
+    # load_inline'd dummy allocator, the source without them (check_vars=False)
+    "TestMemPool.test_mempool_expandable",
+    "TestMemPool.test_deleted_mempool_not_used_on_oom",
 ]
 
 SETTINGS = {"default": None, "expandable": "expandable_segments:True"}
@@ -79,12 +93,24 @@ def entries(torch):
 
 
 def watch_settings_calls(torch, log):
-    """Wrap the calls that change settings mid-run, so the .json can say what a snapshot cannot."""
-    def wrap(owner, name):
-        orig = getattr(owner, name)
+    """Wrap the calls that change settings mid-run, so the .json can say what a snapshot cannot.
 
+    `torch._C._accelerator_setAllocatorSettings` is what `_set_allocator_settings` calls, and what
+    test_allocator_settings calls directly with strings it expects refused: a call made inside
+    another watched call is not logged again."""
+    depth = [0]
+
+    def wrap(owner, name):
+        orig = getattr(owner, name, None)
+        if orig is None:
+            return
+
+        @functools.wraps(orig)
         def wrapped(*args, **kwargs):
+            if depth[0]:
+                return orig(*args, **kwargs)
             rec = {"call": name, "args": [repr(a) for a in args], "at_entry": entries(torch)}
+            depth[0] += 1
             try:
                 out = orig(*args, **kwargs)
                 rec["result"] = "ok"
@@ -93,11 +119,25 @@ def watch_settings_calls(torch, log):
                 rec["result"] = f"{type(e).__name__}: {e}"
                 raise
             finally:
+                depth[0] -= 1
                 log.append(rec)
         setattr(owner, name, wrapped)
     wrap(torch.cuda.memory, "_set_allocator_settings")
+    wrap(torch._C, "_accelerator_setAllocatorSettings")
     wrap(torch.cuda, "set_per_process_memory_fraction")
     wrap(torch.cuda.memory, "set_per_process_memory_fraction")
+
+
+def env_meta(torch):
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "torch": torch.__version__,
+        "git_version": torch.version.git_version,
+        "cuda": torch.version.cuda,
+        "device_name": props.name,
+        "device_total_memory": props.total_memory,
+        "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+    }
 
 
 def finish(torch, out, meta, started):
@@ -108,14 +148,8 @@ def finish(torch, out, meta, started):
     with open(raw, "rb") as f, gzip.open(out + ".pickle.gz", "wb") as g:
         shutil.copyfileobj(f, g)
     os.remove(raw)
-    props = torch.cuda.get_device_properties(0)
+    meta.update(env_meta(torch))
     meta.update({
-        "torch": torch.__version__,
-        "git_version": torch.version.git_version,
-        "cuda": torch.version.cuda,
-        "device_name": props.name,
-        "device_total_memory": props.total_memory,
-        "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "mem_get_info_end": list(torch.cuda.mem_get_info()),
         "memory_stats": torch.cuda.memory_stats(),
         "wall_s": round(time.time() - started, 3),
@@ -132,7 +166,9 @@ def run_test(src, test, out):
     sys.path.insert(0, os.path.join(src, "test"))
     spec = importlib.util.spec_from_file_location("test_cuda", os.path.join(src, "test", "test_cuda.py"))
     mod = importlib.util.module_from_spec(spec)
+    # common_utils parses sys.argv when imported: hide this script's arguments from it.
     sys.argv = [sys.argv[0]]
+    sys.modules["test_cuda"] = mod
     spec.loader.exec_module(mod)
     cls_name, meth = test.split(".")
     cls = getattr(mod, cls_name)
@@ -144,20 +180,37 @@ def run_test(src, test, out):
     started = time.time()
     orig = getattr(cls, meth)
 
+    # functools.wraps keeps the test's unittest.skipIf marks (__unittest_skip__ in its __dict__),
+    # so a test skipped by its decorators is skipped here too, before any recording.
+    @functools.wraps(orig)
     def recorded(self, *args, **kwargs):
         torch.cuda.memory._record_memory_history(max_entries=10_000_000)
         try:
             return orig(self, *args, **kwargs)
         finally:
-            finish(torch, out, meta, started)
+            try:
+                finish(torch, out, meta, started)
+            except Exception:
+                # the test's own outcome stands; the .json says why no snapshot was written
+                meta["finish_error"] = traceback.format_exc()[-2000:]
     setattr(cls, meth, recorded)
     result = unittest.TextTestRunner(verbosity=0).run(unittest.defaultTestLoader.loadTestsFromName(meth, cls))
-    outcome = "ok" if result.wasSuccessful() else "skipped" if result.skipped else "failed"
+    # wasSuccessful() is True for a skipped test, and for one that never ran.
+    if result.failures or result.errors or result.unexpectedSuccesses:
+        outcome = "failed"
+    elif result.skipped:
+        outcome = "skipped"
+    elif result.testsRun and result.wasSuccessful():
+        outcome = "ok"
+    else:
+        outcome = "failed"
     why = [str(r[1])[-2000:] for r in result.failures + result.errors + result.skipped]
     if os.path.exists(out + ".json"):
         with open(out + ".json") as f:
             meta = json.load(f)
-    meta.update({"outcome": outcome, "why": why})
+    else:
+        meta.update(env_meta(torch))
+    meta.update({"outcome": outcome, "why": why, "tests_run": result.testsRun})
     with open(out + ".json", "w") as f:
         json.dump(meta, f, indent=1)
 
@@ -271,6 +324,8 @@ def main():
     ap.add_argument("--tests", nargs="*", default=DEFAULT_TESTS)
     ap.add_argument("--scenarios", action="store_true")
     ap.add_argument("--settings", nargs="*", default=list(SETTINGS))
+    ap.add_argument("--job-timeout", type=float, default=180,
+                    help="seconds one test (or scenario) under one settings may take (default 180)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -293,12 +348,35 @@ def main():
             cmd = [sys.executable, __file__, args.out_dir, "--one", job, "--out", out]
             cmd += ["--scenarios"] if args.scenarios else ["--pytorch-src", args.pytorch_src]
             t0 = time.time()
-            p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            status = "ok" if p.returncode == 0 else f"exit {p.returncode}"
-            if p.returncode != 0:
-                with open(out + ".log", "w") as f:
-                    f.write(p.stdout + "\n" + p.stderr)
-            print(json.dumps({"job": job, "settings": s, "status": status, "wall_s": round(time.time() - t0, 1),
+            try:
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.job_timeout)
+                rc, stdout, stderr = p.returncode, p.stdout, p.stderr
+                status = "ok" if rc == 0 else f"exit {rc}"
+            except subprocess.TimeoutExpired as e:
+                rc, status = None, "timeout"
+                stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+                stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            # always kept: load_inline's build output and the test runner's report are here
+            with open(out + ".log", "w") as f:
+                f.write(stdout + "\n" + stderr)
+            outcome = None
+            if rc != 0:
+                # the process died (or was stopped) before writing its outcome: say so in the .json
+                meta = {}
+                if os.path.exists(out + ".json"):
+                    with open(out + ".json") as f:
+                        meta = json.load(f)
+                if "outcome" not in meta or rc is None:
+                    meta.update({"test" if not args.scenarios else "scenario": job,
+                                 "outcome": "timeout" if rc is None else "crashed",
+                                 "returncode": rc, "why": [(stdout + "\n" + stderr)[-2000:]]})
+                    with open(out + ".json", "w") as f:
+                        json.dump(meta, f, indent=1)
+            if os.path.exists(out + ".json"):
+                with open(out + ".json") as f:
+                    outcome = json.load(f).get("outcome")
+            print(json.dumps({"job": job, "settings": s, "status": status, "outcome": outcome,
+                              "wall_s": round(time.time() - t0, 1),
                               "snapshot": os.path.exists(out + ".pickle.gz")}), flush=True)
 
 
