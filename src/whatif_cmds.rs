@@ -218,18 +218,20 @@ fn recorded_side(path: &Path, snap: &Snapshot, device: Option<usize>, io: &mut I
     let mut sites = Vec::new();
     let mut req = 0u32;
     let mut first_oom = None;
-    let (mut cur, mut peak) = (0i64, 0i64);
+    let start = reserved_at_start(&p);
+    let start_i = i64::try_from(start).unwrap_or(i64::MAX);
+    let (mut cur, mut peak) = (start_i, start_i);
     for e in &p.trace {
         match e.action {
             Action::SegmentAlloc | Action::SegmentMap => {
                 deltas.push((req, e.size as i64));
-                cur += e.size as i64;
+                cur = cur.saturating_add(e.size as i64);
                 peak = peak.max(cur);
                 sites.push((p.call_site(req).unwrap_or_else(|| "(no stack recorded for these requests)".into()), e.size));
             }
             Action::SegmentFree | Action::SegmentUnmap => {
                 deltas.push((req, -(e.size as i64)));
-                cur -= e.size as i64;
+                cur = cur.saturating_sub(e.size as i64);
             }
             Action::Alloc => req += 1,
             Action::Oom => {
@@ -241,6 +243,7 @@ fn recorded_side(path: &Path, snap: &Snapshot, device: Option<usize>, io: &mut I
     }
     Ok(Side {
         label: path.display().to_string(),
+        reserved_at_start: start,
         reserved_deltas: deltas,
         peak_reserved: peak as u64,
         peak_allocated: p.own_outcome.stats.allocated_bytes.all().peak as u64,
@@ -248,6 +251,12 @@ fn recorded_side(path: &Path, snap: &Snapshot, device: Option<usize>, io: &mut I
         requests: req,
         new_segment_sites: sites,
     })
+}
+
+/// What a trace that starts mid-history had reserved before its first entry: the state the
+/// replay restores (`Program::initial`), so that a recorded side's peak is the replay's.
+fn reserved_at_start(p: &Prepared) -> u64 {
+    p.program.initial.as_ref().map_or(0, |s| s.reserved_bytes())
 }
 
 fn replayed_side(label: String, p: &Prepared, o: &ReplayOutcome) -> Side {
@@ -262,6 +271,7 @@ fn replayed_side(label: String, p: &Prepared, o: &ReplayOutcome) -> Side {
     }
     Side {
         label,
+        reserved_at_start: reserved_at_start(p),
         reserved_deltas: deltas,
         peak_reserved: o.peak_reserved,
         peak_allocated: o.stats.allocated_bytes.all().peak as u64,

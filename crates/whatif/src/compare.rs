@@ -6,6 +6,9 @@ use std::collections::HashMap;
 #[derive(Clone, Debug)]
 pub struct Side {
     pub label: String,
+    /// Reserved before the first request: the segments a trace that starts mid-history begins
+    /// with (`Program::initial`, the one reconstruction of that state), else 0.
+    pub reserved_at_start: u64,
     /// (request ordinal, +bytes for alloc/map, −bytes for free/unmap).
     pub reserved_deltas: Vec<(u32, i64)>,
     pub peak_reserved: u64,
@@ -42,14 +45,14 @@ pub struct Comparison {
 /// Reserved bytes after each request 0..n (events at request k happen before or during request k).
 fn reserved_after(side: &Side, n: u32) -> Vec<u64> {
     let mut out = vec![0u64; n as usize];
-    let mut cur: i64 = 0;
+    let mut cur = i64::try_from(side.reserved_at_start).unwrap_or(i64::MAX);
     let mut it = side.reserved_deltas.iter().peekable();
     for (k, slot) in out.iter_mut().enumerate() {
         while let Some(&&(r, d)) = it.peek() {
             if r as usize > k {
                 break;
             }
-            cur += d;
+            cur = cur.saturating_add(d);
             it.next();
         }
         *slot = cur.max(0) as u64;
@@ -92,6 +95,7 @@ mod tests {
     fn side(label: &str, deltas: Vec<(u32, i64)>, sites: Vec<(&str, u64)>) -> Side {
         Side {
             label: label.into(),
+            reserved_at_start: 0,
             reserved_deltas: deltas,
             peak_reserved: 0,
             peak_allocated: 0,
@@ -110,5 +114,15 @@ mod tests {
         assert_eq!(c.largest_gap, Some((3, 40, 80)));
         assert_eq!(c.sites[0].site, "y.py:2");
         assert_eq!((c.sites[0].a_bytes, c.sites[0].b_bytes), (20, 60));
+    }
+
+    #[test]
+    fn reserved_counts_from_the_start_state() {
+        let mut a = side("a", vec![(1, 20)], vec![]);
+        a.reserved_at_start = 100;
+        let b = side("b", vec![(1, 20)], vec![]);
+        assert_eq!(reserved_after(&a, 3), vec![100, 120, 120]);
+        // Same events from different start states: they differ from the first request.
+        assert_eq!(compare(&a, &b).first_divergence, Some((0, 100, 0)));
     }
 }

@@ -1,0 +1,84 @@
+//! Commands agree on one file: `replay`, `compare` (of a recording with itself: its recorded
+//! segment events from the reconstructed start state, not a replay), `compare --ranks` and
+//! `explain --at peak` give the same peak reserved, and the last two the same reserved-but-
+//! unallocated figure at that peak, on every recording in traces/ and traces/field. Most of the
+//! field recordings start mid-history (a 2 MiB segment reserved before recording began), where the
+//! two-file `compare` once counted from zero.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{json, root};
+use serde_json::Value;
+
+fn recordings() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root("traces")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.to_string_lossy().ends_with(".pickle.gz") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn u(v: &Value, what: &str) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("{what}: not a number: {v}"))
+}
+
+/// (file, [replay, compare, ranks, explain] peak reserved, [ranks, explain] unallocated at it).
+fn figures(f: &str) -> ([u64; 4], [u64; 2]) {
+    let replay = json(&["replay", "--json", f]);
+    let compare = json(&["compare", "--json", f, f]);
+    let ranks = json(&["compare", "--ranks", "--json", f]);
+    let explain = json(&["explain", "--at", "peak", "--json", f]);
+    let row = &ranks["rows"][0];
+    let free = &explain["free"];
+    let peaks = [
+        u(&replay["stats"]["reserved_bytes.all.peak"], "replay"),
+        u(&compare["peak_reserved"][0], "compare"),
+        u(&row["peak_reserved"], "compare --ranks"),
+        u(&free["reserved"], "explain --at peak"),
+    ];
+    let unallocated = [
+        u(&row["unallocated_at_peak"], "compare --ranks"),
+        u(&free["reserved"], "explain").saturating_sub(u(&free["allocated"], "explain")),
+    ];
+    (peaks, unallocated)
+}
+
+#[test]
+fn replay_compare_and_explain_give_one_peak() {
+    let files = recordings();
+    // 16 in traces/, 37 in traces/field and its two ranks (the directory as it is committed).
+    assert!(files.len() >= 55, "only {} recordings under traces/", files.len());
+    let names: Vec<String> = files.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let results: Vec<(String, [u64; 4], [u64; 2])> = std::thread::scope(|s| {
+        let chunks: Vec<_> = names.chunks(names.len().div_ceil(4)).collect();
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|c| s.spawn(move || c.iter().map(|f| { let (p, u) = figures(f); (f.clone(), p, u) }).collect::<Vec<_>>()))
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let mut bad = Vec::new();
+    let mut mid_history_peaks = 0;
+    for (f, peaks, unallocated) in &results {
+        if peaks.iter().any(|&p| p != peaks[0]) || unallocated[0] != unallocated[1] {
+            bad.push(format!("{f}: peak reserved (replay, compare, ranks, explain) {peaks:?}, unallocated at it (ranks, explain) {unallocated:?}"));
+        }
+        if f.contains("field") {
+            mid_history_peaks += 1;
+        }
+        assert!(peaks[0] > 0, "{f}: no peak reserved");
+    }
+    assert!(bad.is_empty(), "{} of {} recordings disagree:\n{}", bad.len(), results.len(), bad.join("\n"));
+    assert!(mid_history_peaks >= 37, "{mid_history_peaks} field recordings checked");
+}
