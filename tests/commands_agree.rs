@@ -2,6 +2,8 @@
 //! segment events from the reconstructed start state, not a replay), `compare --ranks` and
 //! `explain --at peak` give the same peak reserved, and the last two the same reserved-but-
 //! unallocated figure at that peak, on every recording in traces/ and traces/field. Most of the
+//! The device's total memory (given, inferred or assumed: one inference, `budget::infer_device_memory`)
+//! is the same in `replay`, `validate` and `explain` too. Most of the
 //! field recordings start mid-history (a 2 MiB segment reserved before recording began), where the
 //! two-file `compare` once counted from zero.
 
@@ -33,13 +35,24 @@ fn u(v: &Value, what: &str) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("{what}: not a number: {v}"))
 }
 
-/// (file, [replay, compare, ranks, explain] peak reserved, [ranks, explain] unallocated at it).
+/// [replay, validate, explain] device memory.
+fn device_memory(f: &str) -> [u64; 3] {
+    [
+        u(&json(&["replay", "--json", f])["budget"]["device_memory"], "replay"),
+        u(&json(&["validate", "--json", f])["budget"]["device_memory"], "validate"),
+        u(&json(&["explain", "--at", "peak", "--json", f])["budget"]["device_memory"], "explain"),
+    ]
+}
+
+/// ([replay, compare, ranks, explain] peak reserved, [ranks, explain] unallocated at it).
 fn figures(f: &str) -> ([u64; 4], [u64; 2]) {
     let replay = json(&["replay", "--json", f]);
     let compare = json(&["compare", "--json", f, f]);
     let ranks = json(&["compare", "--ranks", "--json", f]);
     let explain = json(&["explain", "--at", "peak", "--json", f]);
     let row = &ranks["rows"][0];
+    let dm = device_memory(f);
+    assert!(dm.iter().all(|&d| d == dm[0]), "{f}: device memory (replay, validate, explain) {dm:?}");
     let free = &explain["free"];
     let peaks = [
         u(&replay["stats"]["reserved_bytes.all.peak"], "replay"),
@@ -81,4 +94,40 @@ fn replay_compare_and_explain_give_one_peak() {
     }
     assert!(bad.is_empty(), "{} of {} recordings disagree:\n{}", bad.len(), results.len(), bad.join("\n"));
     assert!(mid_history_peaks >= 37, "{mid_history_peaks} field recordings checked");
+}
+
+/// A job on a card larger than an H200: the same recording with 160 GiB more free at each OOM, so
+/// that reserved + free there exceeds an H200's memory. Every command answers for the card the OOM
+/// entries show, none for an assumed H200.
+#[test]
+fn every_command_answers_for_the_card_the_ooms_show() {
+    let dir = std::env::temp_dir().join(format!("allocsim-agree-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plain = dir.join("devfull.jsonl");
+    let big = dir.join("bigger_card.jsonl");
+    let src = root("traces/field/devfull_frag__default.pickle.gz");
+    common::success(&["convert", src.to_str().unwrap(), "-o", plain.to_str().unwrap()]);
+    let mut out = String::new();
+    let mut ooms = 0;
+    for line in std::fs::read_to_string(&plain).unwrap().lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        // Edited as text: the header line must stay first in its own key order.
+        let mut line = line.to_string();
+        if v["action"] == "oom" {
+            let free = u(&v["device_free"], "device_free");
+            line = line.replace(&format!("\"device_free\":{free}"), &format!("\"device_free\":{}", free + (160 << 30)));
+            ooms += 1;
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    assert_eq!(ooms, 9, "devfull_frag__default records 9 OOMs");
+    std::fs::write(&big, out).unwrap();
+    let f = big.to_str().unwrap();
+    let dm = device_memory(f);
+    let (peaks, unallocated) = figures(f);
+    std::fs::remove_dir_all(&dir).ok();
+    // An H200 has 150109880320 bytes; reserved + free at the OOMs is 162.15 GiB.
+    assert_eq!(dm, [174107197440; 3], "device memory (replay, validate, explain)");
+    assert!(peaks.iter().all(|&p| p == peaks[0]) && unallocated[0] == unallocated[1], "{peaks:?} {unallocated:?}");
 }

@@ -582,8 +582,35 @@ const SNAPSHOT_KEYS: &[&str] = &["segments", "device_traces", "allocator_setting
 /// Whether text that starts with `{` (after white space) is a snapshot saved as JSON
 /// (`json.dump(torch.cuda.memory._snapshot(), f)`, what Mosaic reads) rather than allocsim's JSON
 /// Lines: its first key is one of the snapshot's (a JSON Lines file starts with its header,
-/// `{"format":…`, or an event). Decided from the first key alone, so a prefix of the file does.
+/// `{"format":…`, or an event), and its first line is not a JSON Lines header with its keys in
+/// another order (`"format": "allocsim-trace"` within the first 4 KiB of that line, as a header
+/// written by another tool may have it after `allocator_settings`). Decided from a prefix of the
+/// file.
 pub fn is_json_snapshot(text: &[u8]) -> bool {
+    first_key_is_a_snapshots(text) && !starts_with_jsonl_header(text)
+}
+
+/// Whether the first line of `text` (its first 4 KiB) names allocsim's JSON Lines format.
+fn starts_with_jsonl_header(text: &[u8]) -> bool {
+    let head = &text[..text.len().min(4096)];
+    let line = head.split(|&b| b == b'\n').next().unwrap_or(head);
+    let key = b"\"format\"";
+    let mut from = 0;
+    while let Some(at) = memchr::memmem::find(&line[from..], key) {
+        let rest = &line[from + at + key.len()..];
+        let rest = rest.trim_ascii_start();
+        if let Some(rest) = rest.strip_prefix(b":") {
+            let value = rest.trim_ascii_start();
+            if value.starts_with(format!("\"{}\"", jsonl::FORMAT).as_bytes()) {
+                return true;
+            }
+        }
+        from += at + key.len();
+    }
+    false
+}
+
+fn first_key_is_a_snapshots(text: &[u8]) -> bool {
     let mut i = 0;
     let skip = |i: &mut usize| {
         while text.get(*i).is_some_and(|b| b.is_ascii_whitespace()) {

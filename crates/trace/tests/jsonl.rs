@@ -265,3 +265,28 @@ fn errors_carry_line_numbers() {
         );
     }
 }
+
+/// A header written with its keys in another order (`allocator_settings` first, a snapshot's key)
+/// is still allocsim's JSON Lines, for the whole-file reader and the streaming one; a snapshot
+/// saved as JSON stays one.
+#[test]
+fn a_header_with_its_keys_reordered_is_still_json_lines() {
+    let text = concat!(
+        r#"{"allocator_settings":{"PYTORCH_CUDA_ALLOC_CONF":"","max_split_size":-1,"garbage_collection_threshold":0.0,"expandable_segments":false,"roundup_power2_divisions":{}}, "devices":1, "format" : "allocsim-trace","version":1}"#,
+        "\n",
+        r#"{"device":0,"action":"alloc","addr":4096,"size":512,"stream":0,"time_us":1}"#,
+        "\n",
+    );
+    assert!(!allocsim_trace::is_json_snapshot(text.as_bytes()));
+    let s = read_trace_bytes(text.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.device_traces[0].len(), 1);
+    assert_eq!(s.device_traces[0][0].size, 512);
+    let path = std::env::temp_dir().join(format!("allocsim-reordered-{}.jsonl", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    let streamed = allocsim_trace::jsonl_stream::JsonlFile::open(&path);
+    std::fs::remove_file(&path).ok();
+    assert!(streamed.unwrap().is_some(), "the streaming reader takes it as JSON Lines");
+    // A snapshot saved as JSON whose strings mention the format is still a snapshot.
+    let snapshot = r#"{"segments":[],"device_traces":[[]],"allocator_settings":{},"note":"format: allocsim-trace"}"#;
+    assert!(allocsim_trace::is_json_snapshot(snapshot.as_bytes()));
+}
