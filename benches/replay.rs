@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 
 use allocsim_model::AllocatorConfig;
 use allocsim_model::free_set::FreeSet;
-use allocsim_synth::{Spec, Workload};
 use allocsim_replay::Prepared;
 use allocsim_replay::run::Limits;
+use allocsim_synth::{Spec, Workload};
 use allocsim_whatif::grid::{DEFAULT_GRID, parse_grid};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -119,7 +119,9 @@ fn benches(c: &mut Criterion) {
             eprintln!("  {cap_name}: {} of {total} outcomes replayed; one run {secs:.2} s", total - shared);
             // Capped sweeps run configs into OOM and release storms (seconds each): timed once above.
             if cap.is_none() {
-                g.bench_function(format!("{}_{cap_name}", workload.name()), |b| b.iter(|| allocsim_whatif::sweep::sweep(&p, &points, &Limits::capacity(cap), 4, &|| {}).len()));
+                g.bench_function(format!("{}_{cap_name}", workload.name()), |b| {
+                    b.iter(|| allocsim_whatif::sweep::sweep(&p, &points, &Limits::capacity(cap), 4, &|| {}).len())
+                });
             }
         }
     }

@@ -29,14 +29,8 @@ pub fn cmd_ranks(a: &CompareArgs, files: &[PathBuf], io: &mut Io<'_>) -> Result<
     if a.spike.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater) {
         return Err(UserError(format!("--spike {}: expected a ratio above 1 (e.g. 1.1)", a.spike)));
     }
-    let spec = RankSpec {
-        config: a.config.clone(),
-        capacity: a.capacity,
-        device_memory: a.device_memory,
-        device: a.device,
-        by: a.by.clone(),
-        spike_ratio: a.spike,
-    };
+    let spec =
+        RankSpec { config: a.config.clone(), capacity: a.capacity, device_memory: a.device_memory, device: a.device, by: a.by.clone(), spike_ratio: a.spike };
     let k = compare_runs(files, &spec);
     if a.json {
         write_json(io.out, &k)?;
@@ -70,7 +64,18 @@ pub fn write_ranks(out: &mut dyn Write, k: &Ranks) -> io::Result<()> {
     };
     let mut t = Table::new();
     t.load_style(presets::UTF8_FULL_CONDENSED);
-    t.set_header(["file", "requests", "peak allocated", "peak reserved", "OOMs (recorded)", "first OOM", "unallocated at peak reserved", "iterations", "peak in", "max ÷ median"]);
+    t.set_header([
+        "file",
+        "requests",
+        "peak allocated",
+        "peak reserved",
+        "OOMs (recorded)",
+        "first OOM",
+        "unallocated at peak reserved",
+        "iterations",
+        "peak in",
+        "max ÷ median",
+    ]);
     for r in &k.rows {
         if let Some(e) = &r.error {
             t.add_row([short(&r.file).to_string(), format!("error: {e}")]);
@@ -93,10 +98,16 @@ pub fn write_ranks(out: &mut dyn Write, k: &Ranks) -> io::Result<()> {
     writeln!(out, "{t}")?;
     if let Some(o) = &k.first_oom {
         let what = if o.recorded { "recorded running out of memory first (no replay does)" } else { "runs out of memory first" };
-        writeln!(out, "{} {what}{}{}", short(&o.file), o.request.map_or(String::new(), |q| format!(", at request {q}")), match at(o.time_us) {
-            s if s.is_empty() => String::new(),
-            s => format!(", {s} after the earliest trace starts"),
-        })?;
+        writeln!(
+            out,
+            "{} {what}{}{}",
+            short(&o.file),
+            o.request.map_or(String::new(), |q| format!(", at request {q}")),
+            match at(o.time_us) {
+                s if s.is_empty() => String::new(),
+                s => format!(", {s} after the earliest trace starts"),
+            }
+        )?;
     }
     match &k.first_spike {
         Some(s) => writeln!(

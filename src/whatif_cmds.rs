@@ -97,9 +97,7 @@ fn progress_bar(n: usize, quiet: bool) -> indicatif::ProgressBar {
         return indicatif::ProgressBar::hidden();
     }
     let pb = indicatif::ProgressBar::new(n as u64);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} replaying {pos}/{len} [{bar:30}] {elapsed}").unwrap().progress_chars("=> "),
-    );
+    pb.set_style(indicatif::ProgressStyle::with_template("{spinner} replaying {pos}/{len} [{bar:30}] {elapsed}").unwrap().progress_chars("=> "));
     pb
 }
 
@@ -154,7 +152,14 @@ pub struct FitArgs {
 
 pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (snap, name) = a.trace.load()?;
-    let options = FitOptions { trace: a.trace.options(), config: a.config.clone(), grid: a.grid.clone(), cards: a.cards.clone(), reserve: a.reserve, placements: a.placements };
+    let options = FitOptions {
+        trace: a.trace.options(),
+        config: a.config.clone(),
+        grid: a.grid.clone(),
+        cards: a.cards.clone(),
+        reserve: a.reserve,
+        placements: a.placements,
+    };
     let answer = allocsim_commands::fit::fit(Trace { name: &name, snapshot: &snap }, &options)?;
     crate::cli::say_device(io, &snap, a.trace.device, a.json)?;
     write_answer(&answer, a.json, io)

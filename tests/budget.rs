@@ -115,7 +115,10 @@ fn device_full_run_validates_and_explains_with_pytorchs_numbers() {
     // reserved but unallocated lies in 14 MiB pieces.
     assert!(verdict[2].starts_with("Cause: fragmentation. 1.36 GiB was reserved but unallocated"), "{out}");
     for (r, size) in [(300, "256.00 MiB"), (301, "512.00 MiB")] {
-        assert!(out.lines().any(|l| l.starts_with(&format!("  request {r} ")) && l.contains(size) && l.contains("survived")), "the OOMs before it, survived: {out}");
+        assert!(
+            out.lines().any(|l| l.starts_with(&format!("  request {r} ")) && l.contains(size) && l.contains("survived")),
+            "the OOMs before it, survived: {out}"
+        );
     }
 }
 
@@ -184,19 +187,11 @@ fn a_neighbour_that_changes_its_usage_is_followed_over_time() {
     assert_eq!(b["kind"], "device_full", "{b}");
     assert_eq!(b["device_memory_source"], "default", "{b}");
     // 350 MiB available up to r3, 700 MiB from r4 on; the rest of the (assumed) H200 is outside.
-    assert_eq!(
-        b["outside"],
-        serde_json::json!([{"from_request": 0, "bytes": h200 - 350 * MIB}, {"from_request": 4, "bytes": h200 - 700 * MIB}]),
-        "{b}"
-    );
+    assert_eq!(b["outside"], serde_json::json!([{"from_request": 0, "bytes": h200 - 350 * MIB}, {"from_request": 4, "bytes": h200 - 700 * MIB}]), "{b}");
     let ooms = r["ooms"].as_array().unwrap();
     assert_eq!(ooms.iter().map(|o| o["request"].as_u64().unwrap()).collect::<Vec<_>>(), [3, 6]);
     // r3's retry released r2's cached segment first: the real failure path.
-    assert!(
-        r["segment_events"].as_array().unwrap().iter().any(|e| e["action"] == "segment_free" && e["request"] == 3),
-        "{}",
-        r["segment_events"]
-    );
+    assert!(r["segment_events"].as_array().unwrap().iter().any(|e| e["action"] == "segment_free" && e["request"] == 3), "{}", r["segment_events"]);
     let m3 = ooms[0]["message"].as_str().unwrap();
     assert!(m3.contains("Tried to allocate 200.00 MiB. GPU 0 has a total capacity of 139.80 GiB of which 150.00 MiB is free."), "{m3}");
     assert!(m3.contains("Of the allocated memory 200.00 MiB is allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated."), "{m3}");
@@ -215,7 +210,12 @@ fn a_neighbour_that_changes_its_usage_is_followed_over_time() {
     // job caught, is served too and stays allocated (the trace never frees it): r0, r1, r3, r4 and
     // r5 hold 800 MiB when r6 asks for 200 MiB, so the allocator needs 1000 MiB, 300 MiB more than
     // the 700 MiB it could hold.
-    assert!(out.contains("\nFix (checked by replaying the same requests): no setting tried helps; 1000.00 MiB for the allocator (300.00 MiB more than it could hold"), "{out}");
+    assert!(
+        out.contains(
+            "\nFix (checked by replaying the same requests): no setting tried helps; 1000.00 MiB for the allocator (300.00 MiB more than it could hold"
+        ),
+        "{out}"
+    );
 
     // A what-if under the job's own budget: expandable segments map only what they need, and
     // still run out at r3 (200 + 200 > 350).
@@ -299,7 +299,10 @@ fn recorded_full_devices_and_caps_need_no_flags() {
         let out = success(&["explain", path]);
         let last = real.last().unwrap();
         // (Under an allowed maximum inferred as an interval the line says so, before the message.)
-        let shown = out.lines().take(6).find_map(|l| l.strip_prefix("PyTorch's message").map(|m| m.strip_prefix(": ").or_else(|| m.split_once("): ").map(|(_, m)| m)).unwrap_or("")));
+        let shown = out
+            .lines()
+            .take(6)
+            .find_map(|l| l.strip_prefix("PyTorch's message").map(|m| m.strip_prefix(": ").or_else(|| m.split_once("): ").map(|(_, m)| m)).unwrap_or("")));
         assert_eq!(shown, Some(last.as_str()), "{name}: explain does not lead with PyTorch's message:\n{out}");
     }
     assert!(messages >= 20, "{messages} messages compared");

@@ -10,12 +10,10 @@
 
 use std::path::{Path, PathBuf};
 
-
 use serde_json::Value;
 
 mod common;
 use common::*;
-
 
 fn frag_trace() -> PathBuf {
     root("traces/frag__default__2048M.pickle.gz")

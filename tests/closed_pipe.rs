@@ -13,13 +13,7 @@ const FRAG: &str = "traces/frag__default__2048M.pickle.gz";
 /// Runs allocsim with stdout into a pipe whose reader reads `lines` lines (0: none) and then
 /// closes it; returns the exit status, stderr, and what was read.
 fn run_closing_after(args: &[&str], lines: usize) -> (Option<i32>, String, String) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .current_dir(ROOT)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn allocsim");
+    let mut child = Command::new(BIN).args(args).current_dir(ROOT).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn allocsim");
     let mut read = String::new();
     {
         let mut out = BufReader::new(child.stdout.take().unwrap());

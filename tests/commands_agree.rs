@@ -60,10 +60,7 @@ fn figures(f: &str) -> ([u64; 4], [u64; 2]) {
         u(&row["peak_reserved"], "compare --ranks"),
         u(&free["reserved"], "explain --at peak"),
     ];
-    let unallocated = [
-        u(&row["unallocated_at_peak"], "compare --ranks"),
-        u(&free["reserved"], "explain").saturating_sub(u(&free["allocated"], "explain")),
-    ];
+    let unallocated = [u(&row["unallocated_at_peak"], "compare --ranks"), u(&free["reserved"], "explain").saturating_sub(u(&free["allocated"], "explain"))];
     (peaks, unallocated)
 }
 
@@ -77,7 +74,16 @@ fn replay_compare_and_explain_give_one_peak() {
         let chunks: Vec<_> = names.chunks(names.len().div_ceil(4)).collect();
         let handles: Vec<_> = chunks
             .into_iter()
-            .map(|c| s.spawn(move || c.iter().map(|f| { let (p, u) = figures(f); (f.clone(), p, u) }).collect::<Vec<_>>()))
+            .map(|c| {
+                s.spawn(move || {
+                    c.iter()
+                        .map(|f| {
+                            let (p, u) = figures(f);
+                            (f.clone(), p, u)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
             .collect();
         handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });

@@ -32,7 +32,8 @@ fn cap(m: &serde_json::Value) -> u64 {
 fn without_nvml(msg: &str) -> String {
     let start = msg.find(" is free. ").unwrap() + " is free. ".len();
     let rest = &msg[start..];
-    let keep_from = rest.find(" allowed; ").map(|i| rest[..i].rfind(". ").map_or(0, |j| j + 2)).unwrap_or_else(|| rest.find("Of the allocated memory").unwrap());
+    let keep_from =
+        rest.find(" allowed; ").map(|i| rest[..i].rfind(". ").map_or(0, |j| j + 2)).unwrap_or_else(|| rest.find("Of the allocated memory").unwrap());
     format!("{}{}", &msg[..start], &rest[keep_from..])
 }
 

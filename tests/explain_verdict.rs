@@ -21,7 +21,8 @@ mod reference;
 fn without_nvml(msg: &str) -> String {
     let start = msg.find(" is free. ").unwrap() + " is free. ".len();
     let rest = &msg[start..];
-    let keep_from = rest.find(" allowed; ").map(|i| rest[..i].rfind(". ").map_or(0, |j| j + 2)).unwrap_or_else(|| rest.find("Of the allocated memory").unwrap());
+    let keep_from =
+        rest.find(" allowed; ").map(|i| rest[..i].rfind(". ").map_or(0, |j| j + 2)).unwrap_or_else(|| rest.find("Of the allocated memory").unwrap());
     format!("{}{}", &msg[..start], &rest[keep_from..])
 }
 
@@ -173,5 +174,8 @@ fn every_oom_recording_leads_with_its_verdict() {
             other => panic!("{name}: no fix found ({other}):\n{out}"),
         }
     }
-    eprintln!("{} OOM recordings: {settings} fixed by a setting, {memory} by memory; {intervals} with an allowed maximum known as an interval; {known_misses} known miss", files.len());
+    eprintln!(
+        "{} OOM recordings: {settings} fixed by a setting, {memory} by memory; {intervals} with an allowed maximum known as an interval; {known_misses} known miss",
+        files.len()
+    );
 }

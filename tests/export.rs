@@ -35,8 +35,8 @@ fn what_if_export_matches_the_real_run_and_round_trips() {
     assert_eq!(a.len(), b.len());
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         // Stack ids are renumbered on reading; the frames they name must be the same.
-        let same = (x.action, x.addr, x.size, x.stream, x.time_us) == (y.action, y.addr, y.size, y.stream, y.time_us)
-            && back.stack(x.stack) == sim.stack(y.stack);
+        let same =
+            (x.action, x.addr, x.size, x.stream, x.time_us) == (y.action, y.addr, y.size, y.stream, y.time_us) && back.stack(x.stack) == sim.stack(y.stack);
         assert!(same, "entry {i}: read back {x:?}, written {y:?}");
     }
     assert_eq!(back.segments.len(), sim.segments.len());

@@ -32,8 +32,14 @@ fn with_cpp_frames(snap: &Snapshot) -> Snapshot {
         fr("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(unsigned long, CUstream_st*)", "CUDACachingAllocator.cpp"),
         fr("c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)", ""),
         fr("at::detail::empty_generic(c10::ArrayRef<long>, c10::Allocator*, c10::DispatchKeySet, c10::ScalarType, std::optional<c10::MemoryFormat>)", "??"),
-        fr("at::native::empty_cuda(c10::ArrayRef<long>, std::optional<c10::ScalarType>, std::optional<c10::Layout>, std::optional<c10::Device>, std::optional<bool>, std::optional<c10::MemoryFormat>)", "??"),
-        fr("at::_ops::empty_memory_format::call(c10::ArrayRef<c10::SymInt>, std::optional<c10::ScalarType>, std::optional<c10::Layout>, std::optional<c10::Device>, std::optional<bool>, std::optional<c10::MemoryFormat>)", "??"),
+        fr(
+            "at::native::empty_cuda(c10::ArrayRef<long>, std::optional<c10::ScalarType>, std::optional<c10::Layout>, std::optional<c10::Device>, std::optional<bool>, std::optional<c10::MemoryFormat>)",
+            "??",
+        ),
+        fr(
+            "at::_ops::empty_memory_format::call(c10::ArrayRef<c10::SymInt>, std::optional<c10::ScalarType>, std::optional<c10::Layout>, std::optional<c10::Device>, std::optional<bool>, std::optional<c10::MemoryFormat>)",
+            "??",
+        ),
         fr("torch::autograd::THPVariable_empty(_object*, _object*, _object*)", "python_torch_functions_0.cpp"),
         fr("_PyEval_EvalFrameDefault", "??"),
         fr("PyEval_EvalCode", "??"),
@@ -233,7 +239,12 @@ fn several_devices_without_oom_answer_for_the_highest_peak() {
     assert_eq!(peak(0), Some(recorded_stat(EMPTYCACHE, "reserved_bytes.all.peak")));
     assert_eq!(j["stats"]["reserved_bytes.all.peak"].as_u64(), peak(1));
     let x = success(&["explain", t.arg(), "--at", "peak"]);
-    assert!(x.starts_with("answering for device 1 of 2 with entries: none ran out of memory and it has the highest peak reserved (15.32 GiB; device 0: 512.00 MiB)"), "{x}");
+    assert!(
+        x.starts_with(
+            "answering for device 1 of 2 with entries: none ran out of memory and it has the highest peak reserved (15.32 GiB; device 0: 512.00 MiB)"
+        ),
+        "{x}"
+    );
 }
 
 /// Every trace empty (recording off) and the segments on device 1: device 1 is analysed, with

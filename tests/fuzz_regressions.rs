@@ -56,7 +56,9 @@ fn decode_replay(name: &str, data: &[u8]) -> Outcome {
         match allocsim_replay::run(&snap, &spec) {
             Ok(r) => {
                 let v = allocsim_replay::validate(&r);
-                for (what, a) in [("segment events", &v.segment_events), ("OOMs", &v.ooms), ("alloc addresses", &v.alloc_addresses), ("final segments", &v.final_segments)] {
+                for (what, a) in
+                    [("segment events", &v.segment_events), ("OOMs", &v.ooms), ("alloc addresses", &v.alloc_addresses), ("final segments", &v.final_segments)]
+                {
                     assert!(a.matched <= a.recorded, "{name} device {device}: {what} {}/{} reproduced", a.matched, a.recorded);
                     if a.first_divergence.is_none() {
                         assert!(a.matched == a.recorded && a.recorded == a.simulated, "{name} device {device}: {what} without a divergence: {a:?}");
@@ -215,29 +217,11 @@ mod extremes {
     use proptest::prelude::*;
 
     fn device() -> impl Strategy<Value = i64> {
-        prop_oneof![
-            0..4i64,
-            Just(65535i64),
-            Just(65536i64),
-            Just(-1i64),
-            Just(i64::MIN),
-            Just(i64::MAX),
-            Just(1i64 << 24),
-            Just(1i64 << 32),
-            any::<i64>(),
-        ]
+        prop_oneof![0..4i64, Just(65535i64), Just(65536i64), Just(-1i64), Just(i64::MIN), Just(i64::MAX), Just(1i64 << 24), Just(1i64 << 32), any::<i64>(),]
     }
 
     fn size() -> impl Strategy<Value = u64> {
-        prop_oneof![
-            (1u64..64).prop_map(|k| k << 21),
-            Just(0u64),
-            Just(1u64 << 60),
-            Just((1u64 << 60) + 1),
-            Just(1u64 << 63),
-            Just(u64::MAX),
-            any::<u64>(),
-        ]
+        prop_oneof![(1u64..64).prop_map(|k| k << 21), Just(0u64), Just(1u64 << 60), Just((1u64 << 60) + 1), Just(1u64 << 63), Just(u64::MAX), any::<u64>(),]
     }
 
     fn segment(device: i64, address: u64, total_size: u64) -> SnapshotSegment {

@@ -170,7 +170,9 @@ fn without_stacks_the_prediction_is_the_same() {
     let out = common::TempFile::new("graphs-nostacks.jsonl");
     allocsim_trace::write_trace(&snap, &out.0).unwrap();
     let v = json(&["graphs", out.arg(), "--captured", &batches(&a), "--batches", &batches(&c), "--json"]);
-    let got: Vec<(u64, u64)> = v["prediction"]["captures"].as_array().unwrap().iter().map(|g| (g["reserved"].as_u64().unwrap(), g["allocated"].as_u64().unwrap())).collect();
-    let want: Vec<(u64, u64)> = c["extra"]["captures"].as_array().unwrap().iter().map(|w| (w["reserved"].as_u64().unwrap(), w["allocated"].as_u64().unwrap())).collect();
+    let got: Vec<(u64, u64)> =
+        v["prediction"]["captures"].as_array().unwrap().iter().map(|g| (g["reserved"].as_u64().unwrap(), g["allocated"].as_u64().unwrap())).collect();
+    let want: Vec<(u64, u64)> =
+        c["extra"]["captures"].as_array().unwrap().iter().map(|w| (w["reserved"].as_u64().unwrap(), w["allocated"].as_u64().unwrap())).collect();
     assert_eq!(got, want);
 }

@@ -118,13 +118,8 @@ fn llama_oom_falls_in_its_step_and_region() {
     let holding: Vec<u64> = its.iter().filter(|i| i["ooms"].as_u64() == Some(1)).map(|i| i["index"].as_u64().unwrap()).collect();
     assert_eq!(holding, [9]);
     assert_eq!(its[9]["first_oom"].as_u64(), Some(q));
-    let in_regions: Vec<&str> = v["regions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["first_oom"].as_u64() == Some(q))
-        .map(|r| r["name"].as_str().unwrap())
-        .collect();
+    let in_regions: Vec<&str> =
+        v["regions"].as_array().unwrap().iter().filter(|r| r["first_oom"].as_u64() == Some(q)).map(|r| r["name"].as_str().unwrap()).collect();
     assert_eq!(in_regions, ["forward"]);
     // The steps before it peak as measured.
     let step_peaks = u64s(&m["extra"]["step_peaks"]);
@@ -217,13 +212,7 @@ fn compare_ranks_names_the_rank_that_spiked() {
     let dir = std::env::temp_dir().join(format!("allocsim-ranks-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     // The 7th backward START (iteration 6).
-    let t = snap
-        .annotations
-        .iter()
-        .filter(|a| a.name() == Some("backward") && a.is_start() == Some(true))
-        .nth(6)
-        .unwrap()
-        .time_us;
+    let t = snap.annotations.iter().filter(|a| a.name() == Some("backward") && a.is_start() == Some(true)).nth(6).unwrap().time_us;
     let mut spiked = snap.clone();
     let trace = &mut spiked.device_traces[0];
     let i = trace.iter().position(|e| e.time_us >= t).unwrap();

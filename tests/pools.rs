@@ -78,7 +78,8 @@ fn pool_recordings_replay_exactly_without_flags() {
 /// limits.)
 #[test]
 fn mempool_rounds_are_eight_pools() {
-    for name in ["mempool__default"] {
+    let name = "mempool__default";
+    {
         let p = prepared(name);
         let found = p.pools.as_ref().expect("pools inferred");
         assert_eq!(found.pools.len(), 8, "{name}: {:?}", found.pools);

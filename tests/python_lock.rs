@@ -46,19 +46,13 @@ fn manifest_dependencies(path: &Path) -> BTreeSet<String> {
     for line in text.lines() {
         let line = line.trim();
         if line.starts_with('[') {
-            in_deps = line == "[dependencies]"
-                || (line.starts_with("[target.") && line.ends_with(".dependencies]"));
-            assert!(
-                !line.starts_with("[dependencies."),
-                "{}: a [dependencies.NAME] table is not read by this test",
-                path.display()
-            );
+            in_deps = line == "[dependencies]" || (line.starts_with("[target.") && line.ends_with(".dependencies]"));
+            assert!(!line.starts_with("[dependencies."), "{}: a [dependencies.NAME] table is not read by this test", path.display());
             continue;
         }
         // An optional dependency is resolved only where a feature turns it on, which the
         // package's build does not (`cuda`).
-        if in_deps && !line.is_empty() && !line.starts_with('#') && !line.contains("optional = true")
-        {
+        if in_deps && !line.is_empty() && !line.starts_with('#') && !line.contains("optional = true") {
             let key = line.split(['=', '.']).next().unwrap().trim();
             out.insert(key.to_string());
         }
@@ -93,10 +87,9 @@ fn python_lock_records_every_allocsim_crates_dependencies() {
         let declared = manifest_dependencies(&manifest);
         match packages.get(&p) {
             None => problems.push(format!("{p} is missing from python/Cargo.lock")),
-            Some(locked) if locked != &declared => problems.push(format!(
-                "{p}: {} declares {declared:?}, python/Cargo.lock records {locked:?}",
-                manifest.display()
-            )),
+            Some(locked) if locked != &declared => {
+                problems.push(format!("{p}: {} declares {declared:?}, python/Cargo.lock records {locked:?}", manifest.display()))
+            }
             Some(_) => {}
         }
         checked += 1;

@@ -50,7 +50,11 @@ fn report_is_self_contained_and_marks_the_ooms() {
     let allocsim_commands::explain::ExplainAnswer::Explained(e) = x else { panic!("no explanation") };
     let lines = allocsim_commands::explain::verdict_lines(&e);
     assert!(lines[0].starts_with("Out of memory at request 302"), "{lines:?}");
-    let shown: Vec<String> = verdict.split("<p>").skip(1).map(|p| p.trim_end_matches("</p>").replace("&gt;", ">").replace("&lt;", "<").replace("&quot;", "\"").replace("&amp;", "&")).collect();
+    let shown: Vec<String> = verdict
+        .split("<p>")
+        .skip(1)
+        .map(|p| p.trim_end_matches("</p>").replace("&gt;", ">").replace("&lt;", "<").replace("&quot;", "\"").replace("&amp;", "&"))
+        .collect();
     assert_eq!(shown, lines);
 }
 

@@ -6,7 +6,6 @@
 mod common;
 use common::*;
 
-
 /// `traces/frag__default__2048M` in JSON Lines with the first half of its events cut off, as the
 /// ring buffer would.
 fn frag_cut() -> TempFile {
@@ -33,7 +32,7 @@ fn a_truncated_trace_says_what_pre_existed() {
     let init = &j["initial_state"];
     assert!(init["blocks"].as_u64().unwrap() > 0, "{init}");
     assert!(init["allocated_bytes"].as_u64().unwrap() > 0, "{init}");
-    assert_eq!(init["reserved_bytes"].as_u64(), Some(100 * 20 << 20), "{init}");
+    assert_eq!(init["reserved_bytes"].as_u64(), Some((100 * 20) << 20), "{init}");
     assert_eq!(j["unknown_frees"].as_u64(), Some(0));
     // fidelity.py's contract: stats, segment_events, ooms at the top level.
     assert!(j["stats"]["reserved_bytes.all.current"].is_i64() && j["segment_events"].is_array() && j["ooms"].is_array());

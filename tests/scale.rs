@@ -364,7 +364,10 @@ fn questions_the_traces_cannot_answer() {
     // Absurd values: refused, not overflowed.
     user_error(&["scale", &path, "--param", "seq", "--values", "512,512,128,384", "--predict", "18446744073709551615"], &["at most 2^40"]);
     user_error(&["scale", &path, "--param", "seq", "--values", "512,18446744073709551615,128", "--predict", "768"], &["1 to 2^40"]);
-    user_error(&["scale", &path, "--param", "seq", "--values", "512,512,128,384", "--largest-under", "64GiB", "--step", "1"], &["--step 1", "give a larger --step"]);
+    user_error(
+        &["scale", &path, "--param", "seq", "--values", "512,512,128,384", "--largest-under", "64GiB", "--step", "1"],
+        &["--step 1", "give a larger --step"],
+    );
     // The largest value taken: its step cannot fit on the device (every run runs out of memory),
     // and the other asked value is answered beside it.
     let v = json(&["scale", &path, "--param", "seq", "--values", "512,512,128,384", "--predict", "768,1099511627776", "--json"]);

@@ -28,7 +28,6 @@ use allocsim_trace::jsonl_stream::JsonlFile;
 use allocsim_trace::pickle_stream::PickleFile;
 use allocsim_trace::{Action, Snapshot, SnapshotSegment, TraceEntry, read_trace, read_trace_whole, write_trace};
 
-
 fn jsonl_of(snap: &Snapshot, name: &str) -> TempFile {
     let f = TempFile::new(&format!("{name}.jsonl"));
     write_trace(snap, &f.0).unwrap();
@@ -224,7 +223,8 @@ fn every_pickle_streams_to_the_in_memory_answer() {
 fn field_traces() -> Vec<PathBuf> {
     let mut out = Vec::new();
     for dir in ["traces/field", "tests/fixtures/field"] {
-        let mut v: Vec<PathBuf> = std::fs::read_dir(root(dir)).unwrap().filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.to_str().unwrap().ends_with(".pickle.gz")).collect();
+        let mut v: Vec<PathBuf> =
+            std::fs::read_dir(root(dir)).unwrap().filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.to_str().unwrap().ends_with(".pickle.gz")).collect();
         v.sort();
         out.extend(v);
     }
@@ -255,7 +255,14 @@ fn on_two_threads<T: Sync>(items: &[T], check: impl Fn(&T) + Sync) {
 fn the_cli_prints_the_same_for_pickles_either_way() {
     let mut traces = all_traces();
     traces.extend(field_traces());
-    for rel in ["tests/fixtures/robust/two_devices.pickle", "tests/fixtures/robust/far_addr.pickle", "tests/fixtures/robust/huge_size.pickle", "tests/fixtures/robust/unknown_action.pickle", "tests/fixtures/robust/negative_addr.pickle", "tests/fixtures/robust/bigint_addr.pickle"] {
+    for rel in [
+        "tests/fixtures/robust/two_devices.pickle",
+        "tests/fixtures/robust/far_addr.pickle",
+        "tests/fixtures/robust/huge_size.pickle",
+        "tests/fixtures/robust/unknown_action.pickle",
+        "tests/fixtures/robust/negative_addr.pickle",
+        "tests/fixtures/robust/bigint_addr.pickle",
+    ] {
         traces.push(root(rel));
     }
     // The repository's traces plain as well (the settings are then read from the file's end
@@ -369,7 +376,11 @@ fn errors_are_the_same_either_way() {
     // Corrupt lines: an event, then also a segment line after it (the event's error comes first).
     let lines: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
     let first_segment = lines.iter().position(|l| l.starts_with(b"{\"segment\"")).unwrap();
-    for (k, bad) in [(lines.len() / 2, &b"{\"action\":\"alloc\"}"[..]), (first_segment + 1, b"{\"segment\":{\"address\":1}}"), (lines.len() / 3, b"{\"device\":0,\"action\":\"alloc\",\"addr\":1,\"size\":9223372036854775808}")] {
+    for (k, bad) in [
+        (lines.len() / 2, &b"{\"action\":\"alloc\"}"[..]),
+        (first_segment + 1, b"{\"segment\":{\"address\":1}}"),
+        (lines.len() / 3, b"{\"device\":0,\"action\":\"alloc\",\"addr\":1,\"size\":9223372036854775808}"),
+    ] {
         let mut v = lines.clone();
         v[k] = bad;
         let t = TempFile::new(&format!("bad{k}.jsonl"));
@@ -724,7 +735,10 @@ fn the_replay_beside_the_first_pass_answers_as_after_it() {
             let guessed = own_question && scan.settings == allocsim_trace::RecordedSettings::torch_expandable();
             let learns = own_question && !guessed && scan.settings != allocsim_trace::RecordedSettings::torch_default();
             let (assumed, events) = if own_question {
-                (allocsim_trace::RecordedSettings::torch_default(), allocsim_trace::Keeping::with_settings_at_end(file.events().unwrap(), scan.settings.clone()))
+                (
+                    allocsim_trace::RecordedSettings::torch_default(),
+                    allocsim_trace::Keeping::with_settings_at_end(file.events().unwrap(), scan.settings.clone()),
+                )
             } else {
                 (scan.settings.clone(), allocsim_trace::Keeping::new(file.events().unwrap()))
             };

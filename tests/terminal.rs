@@ -23,7 +23,8 @@ fn widest(text: &str) -> usize {
     text.lines().map(|l| l.chars().count()).max().unwrap_or(0)
 }
 
-const TRACES: [&str; 3] = ["traces/frag__default__2048M.pickle.gz", "traces/field/llama_oom__default.pickle.gz", "traces/field/devfull_frag__default.pickle.gz"];
+const TRACES: [&str; 3] =
+    ["traces/frag__default__2048M.pickle.gz", "traces/field/llama_oom__default.pickle.gz", "traces/field/devfull_frag__default.pickle.gz"];
 
 #[test]
 fn sweep_fits_the_terminal() {
@@ -49,7 +50,14 @@ fn sweep_fits_the_terminal() {
 fn sweep_shows_each_outcome_once() {
     let json: serde_json::Value = serde_json::from_str(&run_with_columns(&["sweep", TRACES[0], "--json"], None)).unwrap();
     let rows = json["rows"].as_array().unwrap();
-    let outcome = |r: &serde_json::Value| r["outcomes"].as_array().unwrap().iter().map(|o| (o["first_oom"].clone(), o["peak_reserved"].clone(), o["num_device_alloc"].clone())).collect::<Vec<_>>();
+    let outcome = |r: &serde_json::Value| {
+        r["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| (o["first_oom"].clone(), o["peak_reserved"].clone(), o["num_device_alloc"].clone()))
+            .collect::<Vec<_>>()
+    };
     let mut distinct: Vec<_> = rows.iter().filter(|r| r["rejected"].is_null()).map(outcome).collect();
     distinct.sort_by_key(|v| format!("{v:?}"));
     distinct.dedup();

@@ -43,9 +43,7 @@ impl Recorded {
     }
     fn has_deferred_frees(&self) -> bool {
         let t = &self.snap.device_traces[0];
-        t.iter().enumerate().any(|(i, e)| {
-            e.action == Action::FreeRequested && t.get(i + 1).is_none_or(|n| n.action != Action::FreeCompleted)
-        })
+        t.iter().enumerate().any(|(i, e)| e.action == Action::FreeRequested && t.get(i + 1).is_none_or(|n| n.action != Action::FreeCompleted))
     }
 }
 
@@ -100,21 +98,14 @@ fn what_if_from_the_default_run_reproduces_expandable_emptycache() {
 }
 
 fn check_what_if(base: &Recorded, real: &Recorded) -> Vec<String> {
-    let spec = ReplaySpec {
-        config: Some(real.conf()),
-        capacity: real.capacity(),
-        addresses_from: Some(&real.snap),
-        ..ReplaySpec::default()
-    };
+    let spec = ReplaySpec { config: Some(real.conf()), capacity: real.capacity(), addresses_from: Some(&real.snap), ..ReplaySpec::default() };
     let replayed = run(&base.snap, &spec).unwrap();
     let mut recorded = Vec::new();
     let mut req = 0u32;
     let mut real_oom = None;
     for e in &real.snap.device_traces[0] {
         match e.action {
-            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => {
-                recorded.push((req, e.action.as_str(), e.size))
-            }
+            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => recorded.push((req, e.action.as_str(), e.size)),
             Action::Alloc => req += 1,
             Action::Oom => {
                 real_oom.get_or_insert(req);
@@ -125,9 +116,8 @@ fn check_what_if(base: &Recorded, real: &Recorded) -> Vec<String> {
     }
     let sim_oom = replayed.outcome.first_oom();
     let cut = [real_oom, sim_oom].into_iter().flatten().min();
-    let keep = |v: Vec<(u32, &'static str, u64)>| -> Vec<(&'static str, u64)> {
-        v.into_iter().filter(|e| cut.is_none_or(|c| e.0 < c)).map(|e| (e.1, e.2)).collect()
-    };
+    let keep =
+        |v: Vec<(u32, &'static str, u64)>| -> Vec<(&'static str, u64)> { v.into_iter().filter(|e| cut.is_none_or(|c| e.0 < c)).map(|e| (e.1, e.2)).collect() };
     let sim: Vec<(u32, &'static str, u64)> = replayed.outcome.segment_events.iter().map(|e| (e.request, e.action, e.size)).collect();
     let mut errors = Vec::new();
     let (a, b) = (keep(recorded), keep(sim));

@@ -47,9 +47,9 @@ fn cut_points(t: &[allocsim_trace::TraceEntry]) -> Vec<usize> {
     let deferred = (0..n).find(|&i| t[i].action == Action::FreeRequested && t.get(i + 1).is_some_and(|x| x.action != Action::FreeCompleted));
     let immediate = (n / 3..n).find(|&i| t[i].action == Action::FreeRequested && t.get(i + 1).is_some_and(|x| x.action == Action::FreeCompleted));
     // Inside a release run, and right at its start.
-    let release = (n / 4..n)
-        .find(|&i| matches!(t[i].action, Action::SegmentFree | Action::SegmentUnmap) && i + 1 < n && t[i + 1].action == t[i].action);
-    let release2 = (1..n).rev().find(|&i| matches!(t[i].action, Action::SegmentFree | Action::SegmentUnmap) && t[i + 1..].iter().any(|e| e.action == Action::Alloc));
+    let release = (n / 4..n).find(|&i| matches!(t[i].action, Action::SegmentFree | Action::SegmentUnmap) && i + 1 < n && t[i + 1].action == t[i].action);
+    let release2 =
+        (1..n).rev().find(|&i| matches!(t[i].action, Action::SegmentFree | Action::SegmentUnmap) && t[i + 1..].iter().any(|e| e.action == Action::Alloc));
     cuts.extend(deferred.map(|i| i + 1));
     cuts.extend(immediate.map(|i| i + 1));
     cuts.extend(release.map(|i| i + 1));
@@ -72,8 +72,7 @@ fn check_run(path: &Path) -> (usize, Vec<String>, usize, usize) {
     let meta = meta(path);
     let cap = capacity(&meta);
     let name = path.file_name().unwrap().to_str().unwrap().to_string();
-    let recorded: BTreeMap<String, i64> =
-        meta["memory_stats"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_i64().unwrap())).collect();
+    let recorded: BTreeMap<String, i64> = meta["memory_stats"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_i64().unwrap())).collect();
     let mut errors = Vec::new();
     let mut gc_misses = 0;
     let gc = cap.is_some() && meta["PYTORCH_CUDA_ALLOC_CONF"].as_str().unwrap_or("").contains("garbage_collection_threshold");
@@ -139,11 +138,7 @@ fn check_dir(dir: &Path) {
         gc_misses += g;
         errors.extend(e);
     }
-    eprintln!(
-        "{}: {} runs, {n} cuts; of {gc_cuts} cuts of garbage-collecting runs {gc_misses} differ from a GC release on",
-        dir.display(),
-        runs.len()
-    );
+    eprintln!("{}: {} runs, {n} cuts; of {gc_cuts} cuts of garbage-collecting runs {gc_misses} differ from a GC release on", dir.display(), runs.len());
     assert!(gc_misses * 5 <= gc_cuts, "{gc_misses} of {gc_cuts} cuts of garbage-collecting runs differ");
     assert!(errors.is_empty(), "{} of {n} cuts failed:\n{}", errors.len(), errors.join("\n"));
 }
@@ -198,7 +193,9 @@ fn cut_traces_stay_consistent_under_other_settings() {
                 continue;
             }
             let peak = p.own_outcome.peak_reserved;
-            for conf in ["max_split_size_mb:64", "max_split_size_mb:128", "garbage_collection_threshold:0.6", "roundup_power2_divisions:2", "expandable_segments:True"] {
+            for conf in
+                ["max_split_size_mb:64", "max_split_size_mb:128", "garbage_collection_threshold:0.6", "roundup_power2_divisions:2", "expandable_segments:True"]
+            {
                 let config = AllocatorConfig::parse(conf).unwrap();
                 for cap in [None, Some(peak + peak / 20), Some(peak - peak / 10)] {
                     for (name, placement) in p.placements(4) {

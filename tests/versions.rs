@@ -35,7 +35,8 @@ fn a_2_11_recording_gets_2_11_rules_measured() {
 #[test]
 fn a_2_13_snapshot_gets_2_13_rules_read_not_measured() {
     let f = TempFile::new("v213.json");
-    let settings = format!(r#""PYTORCH_CUDA_ALLOC_CONF": "", {SETTINGS_2_11}, "max_round_threshold": 18446744073709551615, "max_cached_size": 18446744073709551615"#);
+    let settings =
+        format!(r#""PYTORCH_CUDA_ALLOC_CONF": "", {SETTINGS_2_11}, "max_round_threshold": 18446744073709551615, "max_cached_size": 18446744073709551615"#);
     std::fs::write(&f.0, snapshot(&settings)).unwrap();
     let j = json(&["replay", f.arg(), "--json"]);
     assert_eq!(j["rules"]["torch_version"], "2.13");
@@ -71,7 +72,10 @@ fn one_block(settings: &str, seg: u64, size: u64, expandable: bool) -> String {
     // 17 MiB under roundup_power2_divisions:4 is the whole block.
     let (block, rest) = if expandable { (size, seg - size) } else { (seg, 0) };
     let blocks = if rest > 0 {
-        format!(r#"{{"address": 1073741824, "size": {block}, "requested_size": {size}, "state": "active_allocated", "frames": []}}, {{"address": {}, "size": {rest}, "requested_size": 0, "state": "inactive", "frames": []}}"#, 1073741824 + block)
+        format!(
+            r#"{{"address": 1073741824, "size": {block}, "requested_size": {size}, "state": "active_allocated", "frames": []}}, {{"address": {}, "size": {rest}, "requested_size": 0, "state": "inactive", "frames": []}}"#,
+            1073741824 + block
+        )
     } else {
         format!(r#"{{"address": 1073741824, "size": {block}, "requested_size": {size}, "state": "active_allocated", "frames": []}}"#)
     };

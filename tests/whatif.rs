@@ -117,12 +117,7 @@ fn fit_finds_the_edge_for_every_workload() {
             let at = prepared.replay(&config, Some(c), placement.clone());
             let below = prepared.replay(&config, Some(c - STEP), placement.clone());
             if at.first_oom().is_some() || below.first_oom().is_none() {
-                failures.push(format!(
-                    "{} under {conf:?}: C = {c}: OOM at C: {:?}, at C − 2 MiB: {:?}",
-                    path.display(),
-                    at.first_oom(),
-                    below.first_oom()
-                ));
+                failures.push(format!("{} under {conf:?}: C = {c}: OOM at C: {:?}, at C − 2 MiB: {:?}", path.display(), at.first_oom(), below.first_oom()));
             }
             assert!(c >= f.peak_allocated, "a capacity below peak allocated cannot fit");
         }
@@ -141,7 +136,14 @@ fn shared_sweep_replays_equal_separate_ones() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces");
     let points = parse_grid(DEFAULT_GRID, "").unwrap();
     let (mut shared_outcomes, mut total, mut mid_history) = (0, 0, 0);
-    for name in ["frag__default__2048M", "unet512__default__0M", "multistream__default__0M", "emptycache__default__0M", "crossstream__default__320M", "cudagraph__default__0M"] {
+    for name in [
+        "frag__default__2048M",
+        "unet512__default__0M",
+        "multistream__default__0M",
+        "emptycache__default__0M",
+        "crossstream__default__320M",
+        "cudagraph__default__0M",
+    ] {
         let path = dir.join(format!("{name}.pickle.gz"));
         let Ok(whole) = read_trace(&path) else { continue };
         // The whole trace, and the trace cut at a third (it then starts mid-history, from a

@@ -21,12 +21,7 @@ use pyo3::exceptions::{PyException, PyOSError, PyValueError};
 use pyo3::prelude::*;
 
 pyo3::create_exception!(allocsim, Error, PyException, "Base class of allocsim's errors.");
-pyo3::create_exception!(
-    allocsim,
-    TraceError,
-    Error,
-    "A trace that cannot be read: not a snapshot, corrupt or truncated, or holding impossible values."
-);
+pyo3::create_exception!(allocsim, TraceError, Error, "A trace that cannot be read: not a snapshot, corrupt or truncated, or holding impossible values.");
 pyo3::create_exception!(allocsim, ConfigError, Error, "Settings PyTorch rejects; the message is PyTorch's own.");
 
 /// A command's error as a Python exception.
@@ -198,7 +193,15 @@ impl Snapshot {
         device_memory: Option<u64>,
         trace_capacity: Option<u64>,
     ) -> PyResult<(String, String, String)> {
-        let o = SweepOptions { trace: trace_options(device, device_memory, trace_capacity), capacity, grid, base, placements, top, width: Some(allocsim_commands::sweep::DEFAULT_WIDTH) };
+        let o = SweepOptions {
+            trace: trace_options(device, device_memory, trace_capacity),
+            capacity,
+            grid,
+            base,
+            placements,
+            top,
+            width: Some(allocsim_commands::sweep::DEFAULT_WIDTH),
+        };
         py.detach(|| {
             let a = allocsim_commands::sweep::sweep(self.trace(), &o, &|| {})?;
             let mut csv = Vec::new();

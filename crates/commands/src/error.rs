@@ -34,10 +34,9 @@ impl From<RunError> for Error {
     fn from(e: RunError) -> Self {
         let message = e.to_string();
         match e {
-            RunError::Config { err, .. }
-            | RunError::ConfigFor { err, .. }
-            | RunError::RecordedConfig { err, .. }
-            | RunError::RecordedConfigFor { err, .. } => Error::Config { message, pytorch: err.to_string() },
+            RunError::Config { err, .. } | RunError::ConfigFor { err, .. } | RunError::RecordedConfig { err, .. } | RunError::RecordedConfigFor { err, .. } => {
+                Error::Config { message, pytorch: err.to_string() }
+            }
             RunError::Trace(_) => Error::Trace(message),
             RunError::NoDevice(..) | RunError::Placements(_) => Error::Usage(message),
         }

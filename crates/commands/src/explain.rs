@@ -54,7 +54,11 @@ pub fn explain(t: Trace<'_>, addresses_from: Option<&Snapshot>, a: &ExplainOptio
     if let At::Request(n) = at
         && n as usize >= p.program.requests.len()
     {
-        return Err(Error::Usage(format!("--at {n}: the trace has {} requests (0 to {})", p.program.requests.len(), p.program.requests.len().saturating_sub(1))));
+        return Err(Error::Usage(format!(
+            "--at {n}: the trace has {} requests (0 to {})",
+            p.program.requests.len(),
+            p.program.requests.len().saturating_sub(1)
+        )));
     }
     let Some(x) = allocsim_report::explain::explain(&p, &config, a.capacity, &placement, at, CANDIDATES) else {
         return Ok(ExplainAnswer::NoOom { name: t.name.to_owned(), config: config.source.clone(), capacity: a.capacity });
@@ -69,9 +73,18 @@ pub fn explain(t: Trace<'_>, addresses_from: Option<&Snapshot>, a: &ExplainOptio
 /// What `explain` found.
 pub enum ExplainAnswer {
     /// Nothing ran out of memory (asked for `oom`).
-    NoOom { name: String, config: String, capacity: Option<u64> },
+    NoOom {
+        name: String,
+        config: String,
+        capacity: Option<u64>,
+    },
     /// A snapshot without history (a segments list, or recording off): its final state.
-    FinalState { name: String, device: usize, state: allocsim_report::explain::FinalState, top: usize },
+    FinalState {
+        name: String,
+        device: usize,
+        state: allocsim_report::explain::FinalState,
+        top: usize,
+    },
     Explained(Box<Explained>),
 }
 
@@ -143,7 +156,15 @@ fn write_final_state(out: &mut dyn Write, name: &str, device: usize, f: &allocsi
     if !f.pinning_sites.is_empty() {
         writeln!(out, "Live blocks that keep free memory from being released, by where they were allocated:")?;
         for s in f.pinning_sites.iter().take(top) {
-            writeln!(out, "  {:>12} free pinned by {} block{} ({}) from {}", fs(s.pinned_free), s.blocks, if s.blocks == 1 { "" } else { "s" }, fs(s.live_bytes), s.call_site)?;
+            writeln!(
+                out,
+                "  {:>12} free pinned by {} block{} ({}) from {}",
+                fs(s.pinned_free),
+                s.blocks,
+                if s.blocks == 1 { "" } else { "s" },
+                fs(s.live_bytes),
+                s.call_site
+            )?;
         }
     }
     if !f.pinned.is_empty() {
@@ -299,13 +320,7 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
     }
     writeln!(out)?;
     let f = &x.free;
-    writeln!(
-        out,
-        "Where the {} reserved but not allocated is ({} reserved, {} allocated):",
-        fs(f.unallocated()),
-        fs(f.reserved),
-        fs(f.allocated)
-    )?;
+    writeln!(out, "Where the {} reserved but not allocated is ({} reserved, {} allocated):", fs(f.unallocated()), fs(f.reserved), fs(f.allocated))?;
     let mut row = |label: &str, v: u64| -> io::Result<()> {
         if v > 0 {
             writeln!(out, "  {label:<58} {:>12}", fs(v))?;
@@ -413,9 +428,14 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
             let verdict = match (&alt.rejected, alt.first_oom) {
                 (Some(e), _) => format!("rejected by PyTorch: {e}"),
                 (None, None) => format!("no OOM at all; peak reserved {}", fs(alt.peak_reserved)),
-                (None, Some(_)) if alt.fixes => format!("serves this request and every one before it that the run served; peak reserved {}", fs(alt.peak_reserved)),
+                (None, Some(_)) if alt.fixes => {
+                    format!("serves this request and every one before it that the run served; peak reserved {}", fs(alt.peak_reserved))
+                }
                 (None, Some(_)) if alt.avoids => {
-                    format!("gets past this request, but runs out of memory at request {}, which the run served", alt.new_oom.unwrap_or(alt.first_oom.unwrap_or(x.request)))
+                    format!(
+                        "gets past this request, but runs out of memory at request {}, which the run served",
+                        alt.new_oom.unwrap_or(alt.first_oom.unwrap_or(x.request))
+                    )
                 }
                 (None, Some(o)) => match alt.new_oom {
                     Some(n) if n < x.request => format!("runs out of memory at this request too, and first at request {n}, which the run served"),
@@ -447,7 +467,11 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
             writeln!(out, "  → none of these settings avoids this OOM; only more memory does:")?;
         }
         if let Some(c) = x.smallest_capacity {
-            writeln!(out, "  {}: the smallest allowed maximum (to 2 MiB) under which, with these settings, this request and every one before it that the run served are served", fs(c))?;
+            writeln!(
+                out,
+                "  {}: the smallest allowed maximum (to 2 MiB) under which, with these settings, this request and every one before it that the run served are served",
+                fs(c)
+            )?;
         }
     }
     Ok(())
@@ -466,7 +490,9 @@ fn write_phase(out: &mut dyn Write, ph: &allocsim_phases::PhaseAt) -> io::Result
     };
     let how = match &ph.source {
         Source::Annotation { names } => format!("iterations end at each `{}`", names.join("`/`")),
-        Source::Pattern { repeats, .. } => format!("iterations from a request pattern that repeats {repeats} times, the live memory returning to one level between repeats"),
+        Source::Pattern { repeats, .. } => {
+            format!("iterations from a request pattern that repeats {repeats} times, the live memory returning to one level between repeats")
+        }
         Source::Whole { .. } => {
             if !regions.is_empty() {
                 writeln!(out, "  {}", &regions[2..])?;

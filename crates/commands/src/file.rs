@@ -42,9 +42,9 @@ use allocsim_trace::jsonl_stream::JsonlFile;
 use allocsim_trace::pickle_stream::{FirstPass, PickleFile, PickleScan};
 use allocsim_trace::{RecordedSettings, Snapshot, TraceEntry, TraceError};
 
+use crate::Error;
 use crate::error::trace_error;
 use crate::replay::{ReplayAnswer, ReplayOptions};
-use crate::Error;
 
 /// A trace file read into memory: by [`allocsim_trace::read_trace`] (a torch-shaped pickle by
 /// the stream's machine), or with `whole` by the general decoders alone. Its error names it.
@@ -196,7 +196,13 @@ fn first_pass_replaying(file: &PickleFile, max_entries: u64, options: &ReplayOpt
             let segments = teed.segments()?;
             let speculated = replay_speculating(&segments, &settings, assumed, &spec, teed);
             if std::env::var_os("ALLOCSIM_DEBUG_SPECULATION").is_some() {
-                debug_speculation(&format!("{:?}", speculated.as_ref().map(|s| format!("answered (maximum tried: {:?}, promoted {})", s.tried.as_ref().map(|t| t.0), s.promoted))), false);
+                debug_speculation(
+                    &format!(
+                        "{:?}",
+                        speculated.as_ref().map(|s| format!("answered (maximum tried: {:?}, promoted {})", s.tried.as_ref().map(|t| t.0), s.promoted))
+                    ),
+                    false,
+                );
             }
             let speculated = speculated.ok()?;
             Some(Beside { segments, speculated })
@@ -213,11 +219,8 @@ fn first_pass_replaying(file: &PickleFile, max_entries: u64, options: &ReplayOpt
 /// would have been streamed; `None` when only the in-memory replay gives the answer.
 fn stream_snapshot(snap: &Snapshot, path: &Path, len: u64, options: &ReplayOptions, note: &mut dyn FnMut(&str)) -> Result<Option<Vec<ReplaySummary>>, Error> {
     let bare = |e: &TraceEntry| TraceEntry { stack: 0, meta: 0, ..*e };
-    let segment_entries: Vec<Vec<TraceEntry>> = snap
-        .device_traces
-        .iter()
-        .map(|t| t.iter().filter(|e| e.action.is_segment_event()).map(bare).collect())
-        .collect();
+    let segment_entries: Vec<Vec<TraceEntry>> =
+        snap.device_traces.iter().map(|t| t.iter().filter(|e| e.action.is_segment_event()).map(bare).collect()).collect();
     let input = StreamInput { settings: &snap.settings, devices: Some(snap.device_traces.len()), segments: &snap.segments, segment_entries: &segment_entries };
     let events = || {
         let it = snap.device_traces.iter().enumerate().flat_map(move |(d, t)| t.iter().map(move |e| Ok((d, bare(e)))));
@@ -276,12 +279,7 @@ fn stream_jsonl(file: &JsonlFile, options: &ReplayOptions, note: &mut dyn FnMut(
         // A malloc's retry is told by the entries' stacks, which a stream does not keep.
         return Ok(None);
     }
-    let input = StreamInput {
-        settings: &scan.header.settings,
-        devices: scan.header.devices,
-        segments: &scan.segments,
-        segment_entries: &scan.segment_entries,
-    };
+    let input = StreamInput { settings: &scan.header.settings, devices: scan.header.devices, segments: &scan.segments, segment_entries: &scan.segment_entries };
     let r = replay_stream(&input, &options.spec(None), || file.events());
     answer_of(r, path, file.len(), note, |e| Some(trace_error(&name, e)))
 }
@@ -296,12 +294,7 @@ fn stream_pickle(file: &PickleFile, scan: PickleScan, options: &ReplayOptions, n
         // A malloc's retry is told by the entries' stacks, which a stream does not keep.
         return Ok(None);
     }
-    let input = StreamInput {
-        settings: &scan.settings,
-        devices: Some(scan.devices),
-        segments: &scan.segments,
-        segment_entries: &scan.segment_entries,
-    };
+    let input = StreamInput { settings: &scan.settings, devices: Some(scan.devices), segments: &scan.segments, segment_entries: &scan.segment_entries };
     let r = replay_stream(&input, &options.spec(None), || file.events());
     // Whatever the stream could not read, the other decoders read or name.
     answer_of(r, path, file.len(), note, |_| None)

@@ -184,7 +184,11 @@ fn write_fit_text(
                     "    checked: {} − 2 MiB runs out of memory, and so does every capacity down to {} ({}{})",
                     format_size(c),
                     format_size(c.saturating_sub(r["checked_below"].as_u64().unwrap() * (2 << 20))),
-                    if r["non_monotone"].as_bool() == Some(true) { "fitting is NOT monotone here: a smaller capacity fits below a larger one that does not" } else { "monotone near the edge" },
+                    if r["non_monotone"].as_bool() == Some(true) {
+                        "fitting is NOT monotone here: a smaller capacity fits below a larger one that does not"
+                    } else {
+                        "monotone near the edge"
+                    },
                     if r["placement_independent"].as_bool() == Some(true) { "; expandable segments: placement does not matter" } else { "" }
                 )?;
                 if let Some(b) = r["own_budget"].as_object() {
@@ -221,4 +225,3 @@ fn write_fit_text(
     }
     Ok(())
 }
-

@@ -92,10 +92,16 @@ pub fn write_phases(out: &mut dyn Write, ph: &Phases, conf: &str, capacity: Opti
         capacity.map_or(String::new(), |c| format!(", {} allowed", fs(c))),
         source_text(&ph.source)
     )?;
-    writeln!(out, "Peak allocated {}, peak reserved {}{}.", fs(ph.peak_allocated), fs(ph.peak_reserved), match ph.first_oom {
-        Some(q) => format!("; {} OOM{} from request {q}", ph.ooms, if ph.ooms == 1 { "" } else { "s" }),
-        None => String::new(),
-    })?;
+    writeln!(
+        out,
+        "Peak allocated {}, peak reserved {}{}.",
+        fs(ph.peak_allocated),
+        fs(ph.peak_reserved),
+        match ph.first_oom {
+            Some(q) => format!("; {} OOM{} from request {q}", ph.ooms, if ph.ooms == 1 { "" } else { "s" }),
+            None => String::new(),
+        }
+    )?;
     let mut t = Table::new();
     t.load_style(presets::UTF8_FULL_CONDENSED);
     t.set_header(["iter", "requests", "peak allocated", "Δ", "peak reserved", "Δ", "new segments", "OOMs", "largest at the peak"]);
@@ -106,7 +112,10 @@ pub fn write_phases(out: &mut dyn Write, ph: &Phases, conf: &str, capacity: Opti
             (false, true) => " ◆r",
             _ => "",
         };
-        let site = it.live_at_peak.first().map_or(String::new(), |s| format!("{} in {} block{} at {}", fs(s.bytes), s.blocks, if s.blocks == 1 { "" } else { "s" }, s.call_site));
+        let site = it
+            .live_at_peak
+            .first()
+            .map_or(String::new(), |s| format!("{} in {} block{} at {}", fs(s.bytes), s.blocks, if s.blocks == 1 { "" } else { "s" }, s.call_site));
         t.add_row([
             format!("{}{}{mark}", it.index, if it.complete { "" } else { " (partial)" }),
             it.peaks.requests.to_string(),

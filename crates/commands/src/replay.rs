@@ -357,11 +357,7 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayAnswer, r: &ReplaySummary
         writeln!(out, "  note              the state at the trace's start could not be reconstructed ({e}); the replay starts from an empty allocator")?;
     }
     if r.unknown_frees > 0 {
-        writeln!(
-            out,
-            "  note              {} frees of blocks allocated before the trace began were ignored",
-            r.unknown_frees
-        )?;
+        writeln!(out, "  note              {} frees of blocks allocated before the trace began were ignored", r.unknown_frees)?;
     }
     match o.ooms.first().zip(r.oom_requests.first()) {
         None => writeln!(out, "  OOMs              none")?,
@@ -388,7 +384,12 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayAnswer, r: &ReplaySummary
         let n_oom = n - fits.len();
         let mut line = match (fits.iter().min(), fits.iter().max()) {
             (Some(lo), Some(hi)) if lo == hi => format!("peak reserved {} in every placement without OOM", format_size(*lo)),
-            (Some(lo), Some(hi)) => format!("peak reserved {}–{} depending on where the driver places segments ({} sampled placements; a sample, not a bound)", format_size(*lo), format_size(*hi), n),
+            (Some(lo), Some(hi)) => format!(
+                "peak reserved {}–{} depending on where the driver places segments ({} sampled placements; a sample, not a bound)",
+                format_size(*lo),
+                format_size(*hi),
+                n
+            ),
             _ => String::new(),
         };
         if n_oom > 0 {
@@ -503,7 +504,11 @@ impl Answer for ValidateAnswer {
         }
         write_rules(out, &self.rules)?;
         if self.nothing_to_validate() {
-            return writeln!(out, "{}: nothing to validate: the trace has no entries and no final segments (not exact; exit status {NOTHING_TO_VALIDATE})", self.name);
+            return writeln!(
+                out,
+                "{}: nothing to validate: the trace has no entries and no final segments (not exact; exit status {NOTHING_TO_VALIDATE})",
+                self.name
+            );
         }
         if let Some(note) = &self.no_history {
             writeln!(out, "note: {note}")?;
@@ -514,12 +519,9 @@ impl Answer for ValidateAnswer {
             for line in budget_lines(&d.budget) {
                 writeln!(out, "  budget           {line}")?;
             }
-            for (name, a) in [
-                ("segment events", &v.segment_events),
-                ("OOMs", &v.ooms),
-                ("alloc addresses", &v.alloc_addresses),
-                ("final segments", &v.final_segments),
-            ] {
+            for (name, a) in
+                [("segment events", &v.segment_events), ("OOMs", &v.ooms), ("alloc addresses", &v.alloc_addresses), ("final segments", &v.final_segments)]
+            {
                 // matched/recorded; the replay's own count where it made more or fewer.
                 writeln!(
                     out,
@@ -540,7 +542,10 @@ impl Answer for ValidateAnswer {
             } else if v.settings_changed.is_empty() {
                 writeln!(out, "  NOT exact")?;
             } else {
-                writeln!(out, "  NOT exact: the settings likely changed during the run (a snapshot records only the last ones, and the replay runs under those throughout):")?;
+                writeln!(
+                    out,
+                    "  NOT exact: the settings likely changed during the run (a snapshot records only the last ones, and the replay runs under those throughout):"
+                )?;
                 for why in &v.settings_changed {
                     writeln!(out, "    - {why}")?;
                 }

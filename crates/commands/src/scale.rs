@@ -120,7 +120,10 @@ pub fn scale(traces: &[Trace<'_>], a: &ScaleOptions) -> Result<ScaleAnswer, Erro
             let (cap, label) = match (limits.capacity, limits.outside.is_empty()) {
                 (Some(c), _) if a.capacity.is_some() => (c, format!("--capacity {}", fs(c))),
                 (Some(c), _) => (c, format!("the trace's allowed maximum ({})", fs(c))),
-                (None, false) => (p0.device_memory, format!("the trace's full device ({} with {} held outside the allocator)", fs(p0.device_memory), fs(limits.outside.max()))),
+                (None, false) => (
+                    p0.device_memory,
+                    format!("the trace's full device ({} with {} held outside the allocator)", fs(p0.device_memory), fs(limits.outside.max())),
+                ),
                 (None, true) => {
                     return Err(Error::Usage(format!(
                         "{}: the trace ran under no allowed maximum and never filled its device, so it has no budget to search under: give --largest-under BYTES, --capacity or --cards",
@@ -212,7 +215,9 @@ impl ScaleAnswer {
                         "the first step ({} requests, {} more than the later steps make: setup, the optimizer's state); not learnt from",
                         s.requests, more_requests
                     ),
-                    Role::Superseded { by } => format!("differs from the later steps at its value in its requests or frees (a warm-up step; structure {by} is learnt); not learnt from"),
+                    Role::Superseded { by } => format!(
+                        "differs from the later steps at its value in its requests or frees (a warm-up step; structure {by} is learnt); not learnt from"
+                    ),
                     Role::Incomplete => "cut off by the trace's start or end; not learnt from".to_string(),
                     Role::RecordedOom => "cut short by a recorded OOM; not learnt from".to_string(),
                     Role::Unusable => "restores a CUDA-graph pool to a checkpoint, or releases from before the trace; not learnt from".to_string(),
@@ -351,7 +356,15 @@ impl ScaleAnswer {
             for r in &p.runs {
                 if let Some(o) = &r.reading.oom {
                     let at = o.call_site.as_ref().map(|c| format!(" at {c}")).unwrap_or_default();
-                    writeln!(out, "  {param}={}{}: request {} of the step ({}){at} runs out of memory: {}", p.value, run_label(p, r), o.request, fs(o.size), o.message)?;
+                    writeln!(
+                        out,
+                        "  {param}={}{}: request {} of the step ({}){at} runs out of memory: {}",
+                        p.value,
+                        run_label(p, r),
+                        o.request,
+                        fs(o.size),
+                        o.message
+                    )?;
                     break;
                 }
             }
@@ -449,13 +462,21 @@ pub fn largest_line(param: &str, l: &Largest) -> String {
     s += &format!("; every multiple of {} from {} to {} replayed ({} replays)", l.step, l.searched.0, l.searched.1, l.replays);
     if !l.non_monotone.is_empty() {
         let r: Vec<String> = l.non_monotone.iter().map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}–{b}") }).collect();
-        s += &format!("; not monotone: {} below it run{} out of memory", short(&r, 6), if l.non_monotone.len() == 1 && l.non_monotone[0].0 == l.non_monotone[0].1 { "s" } else { "" });
+        s += &format!(
+            "; not monotone: {} below it run{} out of memory",
+            short(&r, 6),
+            if l.non_monotone.len() == 1 && l.non_monotone[0].0 == l.non_monotone[0].1 { "s" } else { "" }
+        );
     }
     if let Some(o) = l.optimistic {
         s += &format!("; {o} with the requests seen at one value at the smaller end of their range");
     }
     if !l.unpredictable.is_empty() {
-        s += &format!("; {} value{} could not be synthesized (a fit gives no positive size)", l.unpredictable.len(), if l.unpredictable.len() == 1 { "" } else { "s" });
+        s += &format!(
+            "; {} value{} could not be synthesized (a fit gives no positive size)",
+            l.unpredictable.len(),
+            if l.unpredictable.len() == 1 { "" } else { "s" }
+        );
     }
     s
 }

@@ -13,7 +13,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     }
     if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-')) {
         return match t.parse::<f64>() {
-            Ok(v) if v >= 0.0 && v < 1.8e19 && v.fract() == 0.0 => Ok(v as u64),
+            Ok(v) if (0.0..1.8e19).contains(&v) && v.fract() == 0.0 => Ok(v as u64),
             Ok(_) => Err(format!("size {s:?} is not a whole number of bytes in range")),
             Err(_) => Err(format!("bad number in size {s:?}")),
         };

@@ -70,7 +70,9 @@ pub fn same_outcome_groups(rows: &[Row]) -> Vec<Vec<&Row>> {
     let key = |r: &Row| {
         r.outcomes
             .iter()
-            .map(|o| (o.first_oom, o.ooms, o.peak_reserved, o.peak_allocated, o.num_alloc_retries, o.num_sync_all_streams, o.num_device_alloc, o.num_device_free))
+            .map(|o| {
+                (o.first_oom, o.ooms, o.peak_reserved, o.peak_allocated, o.num_alloc_retries, o.num_sync_all_streams, o.num_device_alloc, o.num_device_free)
+            })
             .collect::<Vec<_>>()
     };
     let mut groups: Vec<(Vec<_>, Vec<&Row>)> = Vec::new();
@@ -231,7 +233,10 @@ fn range(r: Option<(u64, u64)>) -> String {
 
 /// `sweep --csv`: one row per config, best first.
 fn write_sweep_csv(out: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
-    writeln!(out, "rank,config,rejected,placements,placements_with_oom,first_oom_min,first_oom_max,peak_reserved_min,peak_reserved_max,peak_allocated,retries,syncs,device_alloc,device_free,device_call_ms")?;
+    writeln!(
+        out,
+        "rank,config,rejected,placements,placements_with_oom,first_oom_min,first_oom_max,peak_reserved_min,peak_reserved_max,peak_allocated,retries,syncs,device_alloc,device_free,device_call_ms"
+    )?;
     for (i, r) in rows.iter().enumerate() {
         let w = r.worst();
         let (lo, hi) = r.first_oom_range();
@@ -403,7 +408,12 @@ fn write_sweep_text(out: &mut dyn Write, s: &SweepAnswer) -> io::Result<()> {
         .map(|(x, y)| format!("#{} and #{}", x + 1, y + 1))
         .collect();
     if !flips.is_empty() {
-        crate::write_wrapped(out, &format!("placement: these neighbours could swap places depending on where the driver puts segments (their ranges overlap): {}", flips.join(", ")), width, 2)?;
+        crate::write_wrapped(
+            out,
+            &format!("placement: these neighbours could swap places depending on where the driver puts segments (their ranges overlap): {}", flips.join(", ")),
+            width,
+            2,
+        )?;
     }
     let own = rows.iter().position(|r| r.rejected.is_none() && AllocatorConfig::parse(&r.conf).is_ok_and(|c| p.is_own_under(&c, &limits)));
     let name = |r: &Row| if r.conf.is_empty() { "the defaults".to_string() } else { r.conf.clone() };
@@ -448,4 +458,3 @@ fn write_sweep_text(out: &mut dyn Write, s: &SweepAnswer) -> io::Result<()> {
     crate::write_wrapped(out, &line, width, 2)?;
     Ok(())
 }
-

@@ -219,8 +219,7 @@ impl CudaDevice {
     }
 
     fn do_map(&mut self, ptr: u64, size: u64) -> Result<(), CudaError> {
-        let (base, entry) =
-            self.reservation_at(ptr, size).ok_or_else(|| CudaError::Usage(format!("map of {size:#x} at {ptr:#x}: no reservation holds it")))?;
+        let (base, entry) = self.reservation_at(ptr, size).ok_or_else(|| CudaError::Usage(format!("map of {size:#x} at {ptr:#x}: no reservation holds it")))?;
         let (res, page) = (entry.res.clone(), entry.page);
         if size == 0 || !size.is_multiple_of(page) || !(ptr - base).is_multiple_of(page) {
             return Err(CudaError::Usage(format!("map of {size:#x} at {ptr:#x}: not whole pages of {page:#x}")));

@@ -185,10 +185,7 @@ impl Reservation {
         if offset.checked_add(size).is_none_or(|e| e > self.size) {
             return Err(CudaError::Usage(format!("set_access beyond the reservation ({offset:#x} + {size:#x})")));
         }
-        let desc = sys::CUmemAccessDesc {
-            location: self.ctx.allocation_prop().location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
+        let desc = sys::CUmemAccessDesc { location: self.ctx.allocation_prop().location, flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
         // SAFETY: the range lies in our reservation; reads one descriptor.
         check("cuMemSetAccess", unsafe { sys::cuMemSetAccess(self.base + offset, size as usize, &desc, 1) })
     }

@@ -29,12 +29,7 @@ pub use measured::{Call, Check, Measured, Measurement, Mismatch, check};
 
 /// Replays `program` on `device` with every call measured, applying `empty_cache()` where
 /// `empty_cache_flags` (one per op, from a simulated replay) says, and checks every segment event.
-pub fn replay_checked<D: Device>(
-    program: &Program,
-    opts: &ReplayOptions,
-    device: D,
-    empty_cache_flags: &[bool],
-) -> (ReplayOutcome<Measured<D>>, Check) {
+pub fn replay_checked<D: Device>(program: &Program, opts: &ReplayOptions, device: D, empty_cache_flags: &[bool]) -> (ReplayOutcome<Measured<D>>, Check) {
     let outcome = replay_on(program, opts, Measured::new(device), |_, oi| empty_cache_flags.get(oi).copied().unwrap_or(false));
     let c = check(&outcome.segment_events, &outcome.allocator.device.log);
     (outcome, c)
@@ -116,11 +111,7 @@ pub fn device_cap(opts: &ReplayOptions, total: u64) -> Option<u64> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }?;
-    let slack = if opts.config.expandable_segments {
-        opts.config.large_segment_size.max(allocsim_model::constants::K_SMALL_BUFFER)
-    } else {
-        0
-    };
+    let slack = if opts.config.expandable_segments { opts.config.large_segment_size.max(allocsim_model::constants::K_SMALL_BUFFER) } else { 0 };
     Some(allowed.saturating_add(slack))
 }
 
@@ -153,10 +144,8 @@ pub fn replay_on_gpu(program: &Program, opts: &ReplayOptions, empty_cache_flags:
     let (free_at_end, _) = dev.context().mem_get_info()?;
 
     let tm: BTreeMap<&'static str, Timing> = dev.timings();
-    let timings = CALL_KINDS
-        .iter()
-        .filter_map(|&k| tm.get(k).map(|t| CallTiming { kind: k, count: t.count, total_ns: t.total_ns, mean_us: t.mean_us() }))
-        .collect();
+    let timings =
+        CALL_KINDS.iter().filter_map(|&k| tm.get(k).map(|t| CallTiming { kind: k, count: t.count, total_ns: t.total_ns, mean_us: t.mean_us() })).collect();
     Ok(GpuReport {
         device_name,
         ordinal,
@@ -202,11 +191,7 @@ impl std::fmt::Display for GpuReport {
             writeln!(f, "  device cap        {} ({c} bytes); {} calls refused by it", format_size(c), self.cap_refusals)?;
         }
         let verdict = if self.mismatches.is_empty() { "every reserved delta matched".to_string() } else { format!("{} MISMATCHES", self.mismatches.len()) };
-        writeln!(
-            f,
-            "  segment events    {}/{} checked against cuMemGetInfo (total − free): {verdict}",
-            self.events_checked, self.segment_events
-        )?;
+        writeln!(f, "  segment events    {}/{} checked against cuMemGetInfo (total − free): {verdict}", self.events_checked, self.segment_events)?;
         for m in self.mismatches.iter().take(20) {
             writeln!(f, "    {m}")?;
         }
@@ -228,12 +213,7 @@ impl std::fmt::Display for GpuReport {
             self.first_oom.map(|r| format!(", the first at request {r}")).unwrap_or_default()
         )?;
         let line = |kinds: &[&str]| -> String {
-            kinds
-                .iter()
-                .filter_map(|k| self.timing(k))
-                .map(|t| format!("{} {} × {:.1} µs", t.kind, t.count, t.mean_us))
-                .collect::<Vec<_>>()
-                .join(", ")
+            kinds.iter().filter_map(|k| self.timing(k)).map(|t| format!("{} {} × {:.1} µs", t.kind, t.count, t.mean_us)).collect::<Vec<_>>().join(", ")
         };
         writeln!(f, "  device calls      {}", line(&["cudaMalloc", "cudaFree", "map", "unmap", "reserve", "release_reservation"]))?;
         writeln!(f, "  driver calls      {}", line(&["cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease", "cuMemGetInfo"]))?;

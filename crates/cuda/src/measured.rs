@@ -232,11 +232,7 @@ pub fn check(events: &[SegmentEvent], log: &[Measurement]) -> Check {
                         size: e.size,
                         expected_delta: delta,
                         measured_delta: m.delta(),
-                        note: if paired {
-                            String::new()
-                        } else {
-                            format!("the device call was {action} of {} bytes at {:#x}", m.size, m.addr)
-                        },
+                        note: if paired { String::new() } else { format!("the device call was {action} of {} bytes at {:#x}", m.size, m.addr) },
                     });
                 }
             }

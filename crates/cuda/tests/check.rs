@@ -13,7 +13,14 @@ fn trace(name: &str) -> PathBuf {
 
 #[test]
 fn every_trace_checks_exactly_on_the_simulated_device() {
-    for name in ["emptycache__default__0M.pickle.gz", "emptycache__expandable__0M.pickle.gz", "multistream__default__0M.pickle.gz", "frag__default__2048M.pickle.gz", "frag__expandable__2048M.pickle.gz", "unet512__default__0M.pickle.gz"] {
+    for name in [
+        "emptycache__default__0M.pickle.gz",
+        "emptycache__expandable__0M.pickle.gz",
+        "multistream__default__0M.pickle.gz",
+        "frag__default__2048M.pickle.gz",
+        "frag__expandable__2048M.pickle.gz",
+        "unet512__default__0M.pickle.gz",
+    ] {
         let snap = allocsim_trace::read_trace(&trace(name)).unwrap();
         let capacity = name.contains("2048M").then_some(2048u64 << 20);
         for config in [None, Some("expandable_segments:True".to_string()), Some("expandable_segments:True,large_segment_size_mb:64".to_string())] {

@@ -117,9 +117,7 @@ pub fn learn(p: &Prepared, captured: &[u64]) -> Result<Recording, GraphsError> {
         return Err(GraphsError::CountMismatch { found: caps.len(), pool, given: captured.len() });
     }
     if caps.len() < 2 {
-        return Err(GraphsError::Usage(
-            "one capture: how sizes follow the batch size needs captures at two batch sizes at least".into(),
-        ));
+        return Err(GraphsError::Usage("one capture: how sizes follow the batch size needs captures at two batch sizes at least".into()));
     }
     if let Some(&b) = captured.iter().find(|&&b| b == 0) {
         return Err(GraphsError::Usage(format!("batch size {b}: batch sizes are at least 1")));
@@ -239,16 +237,12 @@ pub fn learn(p: &Prepared, captured: &[u64]) -> Result<Recording, GraphsError> {
             if let TOp::Free { r: Ref::Earlier(q), .. } | TOp::Complete(Ref::Earlier(q)) = *op
                 && q >= prologue_requests
             {
-                return Err(GraphsError::Unsupported(format!(
-                    "a round frees request {q}, made by an earlier round: the captures do not repeat one pattern"
-                )));
+                return Err(GraphsError::Unsupported(format!("a round frees request {q}, made by an earlier round: the captures do not repeat one pattern")));
             }
         }
     }
     if p.program.pool_actions.iter().any(|&(oi, _)| (oi as usize) >= first_start && (oi as usize) < last_malloc(n - 1)) {
-        return Err(GraphsError::Unsupported(
-            "the graph pool (or another private pool) is released or dropped between the captures".into(),
-        ));
+        return Err(GraphsError::Unsupported("the graph pool (or another private pool) is released or dropped between the captures".into()));
     }
     let fits: Vec<SizeFit> = points.iter().map(|v| SizeFit::from_points(v)).collect();
     let rounds = (0..n)
@@ -259,18 +253,7 @@ pub fn learn(p: &Prepared, captured: &[u64]) -> Result<Recording, GraphsError> {
             RecordedRound { batch: captured[k], ops: (start, end), capture_requests: caps[k], requests }
         })
         .collect();
-    Ok(Recording {
-        pool,
-        rounds,
-        prologue_ops: first_start,
-        prologue_requests,
-        first,
-        first_sizes,
-        steady,
-        steady_from,
-        fits,
-        first_only,
-    })
+    Ok(Recording { pool, rounds, prologue_ops: first_start, prologue_requests, first, first_sizes, steady, steady_from, fits, first_only })
 }
 
 /// The end of the last round: after its last malloc, the frees (and completions, and
@@ -313,9 +296,7 @@ fn template(p: &Program, empty_cache: &[bool], range: Range<usize>) -> Result<Te
         Op::Malloc(q) => q,
         _ => unreachable!("a round starts with a malloc"),
     };
-    let before_trace = || {
-        GraphsError::Unsupported("a round frees a block made before the trace began: the captures do not repeat one pattern".into())
-    };
+    let before_trace = || GraphsError::Unsupported("a round frees a block made before the trace began: the captures do not repeat one pattern".into());
     let t = pattern::template(p, empty_cache, range, first_req).map_err(|e| match e {
         TemplateError::Checkpoint(_) => GraphsError::Unsupported(
             "the captures restore their pool to a checkpoint (torch.compile's CUDA-graph trees): not a torch.cuda.graph capture".into(),

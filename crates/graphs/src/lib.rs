@@ -90,8 +90,8 @@ impl std::fmt::Display for GraphsError {
 impl std::error::Error for GraphsError {}
 
 use allocsim_model::AllocatorConfig;
-use allocsim_replay::{OutsideMemory, Prepared};
 use allocsim_replay::run::Limits;
+use allocsim_replay::{OutsideMemory, Prepared};
 use serde::Serialize;
 
 /// What to predict: the recorded batch sizes (one per capture in the trace, in order), the asked

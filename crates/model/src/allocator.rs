@@ -281,8 +281,7 @@ fn gc_flip(fraction: f64, x: u64) -> u64 {
 
 impl<D: Device> CachingAllocator<D> {
     pub fn new(config: AllocatorConfig, device: D) -> Self {
-        let mut stats = DeviceStats::default();
-        stats.max_split_size = if config.max_split_size == u64::MAX { -1 } else { config.max_split_size as i64 };
+        let stats = DeviceStats { max_split_size: if config.max_split_size == u64::MAX { -1 } else { config.max_split_size as i64 }, ..DeviceStats::default() };
         let mut a = CachingAllocator {
             config,
             device,
@@ -525,9 +524,7 @@ impl<D: Device> CachingAllocator<D> {
     fn expandable_segments_active(&self, pool: PoolIdx) -> bool {
         self.config.expandable_segments
             && (self.custom_allocator_pools.is_empty()
-                || !self.pools[pool as usize]
-                    .owner_private_pool
-                    .is_some_and(|pp| self.custom_allocator_pools.contains(self.private_pools[pp as usize].id)))
+                || !self.pools[pool as usize].owner_private_pool.is_some_and(|pp| self.custom_allocator_pools.contains(self.private_pools[pp as usize].id)))
     }
 
     /// `torch.cuda.MemPool(use_on_oom, no_split)`: the constructor's `createOrIncrefPool`,
@@ -631,14 +628,7 @@ impl<D: Device> CachingAllocator<D> {
         self.note_size(size);
         let pool = self.get_pool(size, stream, route);
         let alloc_size = self.config.get_allocation_size(size);
-        let mut p = AllocParams {
-            size,
-            stream,
-            pool,
-            alloc_size,
-            is_expandable_segments_active: self.expandable_segments_active(pool),
-            block: NIL,
-        };
+        let mut p = AllocParams { size, stream, pool, alloc_size, is_expandable_segments_active: self.expandable_segments_active(pool), block: NIL };
         let routed = matches!(route, Route::Private(_));
         if routed {
             self.routed_private += 1;
@@ -783,14 +773,8 @@ impl<D: Device> CachingAllocator<D> {
         if b.size < size {
             return None;
         }
-        let p = AllocParams {
-            size,
-            stream: b.stream,
-            pool: b.pool,
-            alloc_size: size,
-            is_expandable_segments_active: b.expandable_segment.is_some(),
-            block: id,
-        };
+        let p =
+            AllocParams { size, stream: b.stream, pool: b.pool, alloc_size: size, is_expandable_segments_active: b.expandable_segment.is_some(), block: id };
         let split = b.size > size;
         self.erase_from_blocks(id);
         Some(self.alloc_found_block(&p, size, split))
@@ -1049,26 +1033,23 @@ impl<D: Device> CachingAllocator<D> {
             self.note_limit(self.limit_flip(size));
         }
         if let Some(allowed) = self.allowed_memory_maximum
-            && allowed < self.limit_flip(size) {
-                // 2.12+ `throw_on_cudamalloc_oom`: the request is refused here, before the
-                // driver, and malloc's retry chain does not run (PR #179473's description and
-                // the 2.12 wheel's strings; not measured).
-                if self.config.throw_on_cudamalloc_oom {
-                    self.preemptively_rejected = true;
-                }
-                if self.record_steps {
-                    let result = Err(AllocFailure::OverLimit { total_allocated: self.total_allocated_memory, alloc_size: size, allowed });
-                    self.steps.push(MallocStep::AllocBlock { is_retry, result });
-                }
-                return false;
+            && allowed < self.limit_flip(size)
+        {
+            // 2.12+ `throw_on_cudamalloc_oom`: the request is refused here, before the
+            // driver, and malloc's retry chain does not run (PR #179473's description and
+            // the 2.12 wheel's strings; not measured).
+            if self.config.throw_on_cudamalloc_oom {
+                self.preemptively_rejected = true;
             }
+            if self.record_steps {
+                let result = Err(AllocFailure::OverLimit { total_allocated: self.total_allocated_memory, alloc_size: size, allowed });
+                self.steps.push(MallocStep::AllocBlock { is_retry, result });
+            }
+            return false;
+        }
         let ok = self.alloc_block_inner(p);
         if self.record_steps {
-            let result = if ok {
-                Ok(size)
-            } else {
-                Err(AllocFailure::DeviceOutOfMemory { alloc_size: size, device_free: self.device.mem_get_info().0 })
-            };
+            let result = if ok { Ok(size) } else { Err(AllocFailure::DeviceOutOfMemory { alloc_size: size, device_free: self.device.mem_get_info().0 }) };
             self.steps.push(MallocStep::AllocBlock { is_retry, result });
         }
         ok
@@ -1076,10 +1057,7 @@ impl<D: Device> CachingAllocator<D> {
 
     /// Segments and bytes released (cudaFree'd or unmapped) since event index `e0`.
     fn released_since(&self, e0: usize) -> (u32, u64) {
-        self.events[e0..]
-            .iter()
-            .filter(|e| matches!(e.kind, EventKind::SegmentFree | EventKind::SegmentUnmap))
-            .fold((0, 0), |(n, b), e| (n + 1, b + e.size))
+        self.events[e0..].iter().filter(|e| matches!(e.kind, EventKind::SegmentFree | EventKind::SegmentUnmap)).fold((0, 0), |(n, b), e| (n + 1, b + e.size))
     }
 
     /// `alloc_block` past the fraction check: the expandable path or cudaMalloc.
@@ -1153,8 +1131,7 @@ impl<D: Device> CachingAllocator<D> {
                 // (PyTorch returns false at once when no block precedes the key in the whole
                 // pool; the walk below stops at the stream's first block, so looking only at
                 // this stream's blocks gives the same answer.)
-                let candidates: Vec<(u64, BlockId)> =
-                    pool.blocks.range_below(p.stream, key_size, 0).map(|(size, _, id)| (size, id)).collect();
+                let candidates: Vec<(u64, BlockId)> = pool.blocks.range_below(p.stream, key_size, 0).map(|(size, _, id)| (size, id)).collect();
                 if candidates.is_empty() {
                     return false;
                 }
@@ -1340,8 +1317,7 @@ impl<D: Device> CachingAllocator<D> {
     /// unmapped blocks together cover `size`; else a new expandable segment.
     fn find_expandable_block(&mut self, stream: u64, pool: PoolIdx, size: u64) -> BlockId {
         let allocatable = |s: &Self, id: BlockId| id != NIL && !s.b(id).allocated && s.b(id).event_count == 0;
-        let candidates: Vec<BlockId> =
-            self.pools[pool as usize].unmapped.range((stream, 0)..).take_while(|(k, _)| k.0 == stream).map(|(_, &id)| id).collect();
+        let candidates: Vec<BlockId> = self.pools[pool as usize].unmapped.range((stream, 0)..).take_while(|(k, _)| k.0 == stream).map(|(_, &id)| id).collect();
         for mut c in candidates {
             let prev = self.b(c).prev;
             if allocatable(self, prev) {
@@ -1609,9 +1585,9 @@ impl<D: Device> CachingAllocator<D> {
             ("inactive_split", &s.inactive_split, inactive_split),
             ("inactive_split_bytes", &s.inactive_split_bytes, inactive_split_bytes),
         ] {
-            for p in 1..3 {
-                if arr.0[p].current != want[p] {
-                    return Err(format!("{name}[{p}].current = {} but blocks say {}", arr.0[p].current, want[p]));
+            for (p, (got, &want)) in arr.0.iter().zip(want.iter()).enumerate().skip(1) {
+                if got.current != want {
+                    return Err(format!("{name}[{p}].current = {} but blocks say {want}", got.current));
                 }
             }
             if arr.0[0].current != want[1] + want[2] {
@@ -1684,14 +1660,7 @@ impl<D: Device> CachingAllocator<D> {
     /// `allocation`, `allocated_bytes`, `active`, `active_bytes`, `requested_bytes`,
     /// `oversize_allocations`, and for the free blocks of a split segment `inactive_split` and
     /// `inactive_split_bytes`). The allowed maximum is not checked: the state existed.
-    pub fn restore_segment(
-        &mut self,
-        size: u64,
-        stream: u64,
-        route: Route,
-        small: bool,
-        blocks: &[RestoredBlockSpec],
-    ) -> Result<Restored, String> {
+    pub fn restore_segment(&mut self, size: u64, stream: u64, route: Route, small: bool, blocks: &[RestoredBlockSpec]) -> Result<Restored, String> {
         check_specs(blocks, size)?;
         let pool = self.restore_pool(small, route);
         let ptr = self.device.malloc(size).ok_or_else(|| format!("the device has no room for a restored segment of {size} bytes"))?;
@@ -1841,10 +1810,7 @@ impl<D: Device> CachingAllocator<D> {
     /// `release_expandable_segment` if nothing of it stays mapped), as `release_blocks` does.
     /// False if `ptr` is not in a free mapped expandable block.
     pub fn unmap_free_block_at(&mut self, ptr: u64) -> bool {
-        let hit = self
-            .live_blocks()
-            .find(|(_, b)| b.mapped && b.expandable_segment.is_some() && ptr >= b.ptr && ptr < b.ptr + b.size)
-            .map(|(id, _)| id);
+        let hit = self.live_blocks().find(|(_, b)| b.mapped && b.expandable_segment.is_some() && ptr >= b.ptr && ptr < b.ptr + b.size).map(|(id, _)| id);
         let Some(id) = hit else { return false };
         if self.b(id).allocated || self.b(id).event_count > 0 {
             return false;
@@ -1893,7 +1859,11 @@ impl<D: Device> CachingAllocator<D> {
     fn restore_pool(&mut self, small: bool, route: Route) -> PoolIdx {
         match route {
             Route::Default => {
-                if small { SMALL_POOL } else { LARGE_POOL }
+                if small {
+                    SMALL_POOL
+                } else {
+                    LARGE_POOL
+                }
             }
             Route::Private(id) => {
                 let i = self.private_pool(id) as usize;

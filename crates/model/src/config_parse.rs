@@ -143,15 +143,12 @@ fn value_error(msg: impl Into<String>) -> ConfigError {
 
 /// `TORCH_INTERNAL_ASSERT(cond, msg)` as `what()` prints it in the 2.11 wheel.
 fn internal_assert(cond: &str, file: &str, line: u32, msg: &str) -> ConfigError {
-    ConfigError(format!(
-        "{cond} INTERNAL ASSERT FAILED at \"/pytorch/{file}\":{line}, please report a bug to PyTorch. {msg}"
-    ))
+    ConfigError(format!("{cond} INTERNAL ASSERT FAILED at \"/pytorch/{file}\":{line}, please report a bug to PyTorch. {msg}"))
 }
 
 const TOKENIZER_H: &str = "c10/core/AllocatorConfig.h";
 const INDEX_OUT_OF_BOUNDS: &str = "Index out of bounds in ConfigTokenizer";
-const NO_CLOSING_BRACKET: &str =
-    "Expected closing bracket ']' in ConfigTokenizer but reached end of config";
+const NO_CLOSING_BRACKET: &str = "Expected closing bracket ']' in ConfigTokenizer but reached end of config";
 
 // ---------------------------------------------------------------------------------------------
 // ConfigTokenizer
@@ -193,16 +190,12 @@ impl Tokenizer {
 
     /// `operator[]` (its own assert, line 55).
     fn at(&self, i: usize) -> Result<&str, ConfigError> {
-        self.tokens.get(i).map(String::as_str).ok_or_else(|| {
-            internal_assert("i < config_.size()", TOKENIZER_H, 55, INDEX_OUT_OF_BOUNDS)
-        })
+        self.tokens.get(i).map(String::as_str).ok_or_else(|| internal_assert("i < config_.size()", TOKENIZER_H, 55, INDEX_OUT_OF_BOUNDS))
     }
 
     /// `checkIndex` (line 124); used by `checkToken`, `toSizeT`, `toDouble`, `toBool`, `skipKey`.
     fn check_index(&self, i: usize) -> Result<&str, ConfigError> {
-        self.tokens.get(i).map(String::as_str).ok_or_else(|| {
-            internal_assert("i < config_.size()", TOKENIZER_H, 124, INDEX_OUT_OF_BOUNDS)
-        })
+        self.tokens.get(i).map(String::as_str).ok_or_else(|| internal_assert("i < config_.size()", TOKENIZER_H, 124, INDEX_OUT_OF_BOUNDS))
     }
 
     /// `checkToken(i, token)`: in 2.11 it returns whether token `i` is `token` and every caller
@@ -223,9 +216,7 @@ impl Tokenizer {
         match self.check_index(i)? {
             "True" => Ok(true),
             "False" => Ok(false),
-            token => Err(value_error(format!(
-                "Expected 'True' or 'False' at index {i} in ConfigTokenizer but got '{token}'"
-            ))),
+            token => Err(value_error(format!("Expected 'True' or 'False' at index {i} in ConfigTokenizer but got '{token}'"))),
         }
     }
 
@@ -245,12 +236,7 @@ impl Tokenizer {
             }
         }
         if i >= self.len() {
-            return Err(internal_assert(
-                "i < config_.size()",
-                TOKENIZER_H,
-                115,
-                NO_CLOSING_BRACKET,
-            ));
+            return Err(internal_assert("i < config_.size()", TOKENIZER_H, 115, NO_CLOSING_BRACKET));
         }
         Ok(i)
     }
@@ -282,10 +268,7 @@ fn stoull(s: &str) -> Result<u64, ConfigError> {
     let mut value: u64 = 0;
     let mut overflow = false;
     while p < b.len() && b[p].is_ascii_digit() {
-        match value
-            .checked_mul(10)
-            .and_then(|v| v.checked_add(u64::from(b[p] - b'0')))
-        {
+        match value.checked_mul(10).and_then(|v| v.checked_add(u64::from(b[p] - b'0'))) {
             Some(v) => value = v,
             None => overflow = true,
         }
@@ -297,11 +280,7 @@ fn stoull(s: &str) -> Result<u64, ConfigError> {
     if overflow {
         return Err(value_error("stoull")); // std::out_of_range → Python IndexError
     }
-    Ok(if negative {
-        value.wrapping_neg()
-    } else {
-        value
-    })
+    Ok(if negative { value.wrapping_neg() } else { value })
 }
 
 /// `std::stod(s)`: the longest prefix `strtod` accepts (decimal with optional exponent, hex float
@@ -323,8 +302,7 @@ fn stod(s: &str) -> Result<f64, ConfigError> {
     }
     let rest = &b[p..];
     let sign = if negative { -1.0 } else { 1.0 };
-    let starts_with_ci =
-        |word: &[u8]| rest.len() >= word.len() && rest[..word.len()].eq_ignore_ascii_case(word);
+    let starts_with_ci = |word: &[u8]| rest.len() >= word.len() && rest[..word.len()].eq_ignore_ascii_case(word);
     if starts_with_ci(b"inf") {
         return Ok(sign * f64::INFINITY);
     }
@@ -378,11 +356,7 @@ fn stod(s: &str) -> Result<f64, ConfigError> {
 
 /// `None` where glibc sets `ERANGE`.
 fn finish_double(v: f64, nonzero_input: bool) -> Option<f64> {
-    if v.is_infinite() || (nonzero_input && (v == 0.0 || v.abs() < f64::MIN_POSITIVE)) {
-        None
-    } else {
-        Some(v)
-    }
+    if v.is_infinite() || (nonzero_input && (v == 0.0 || v.abs() < f64::MIN_POSITIVE)) { None } else { Some(v) }
 }
 
 /// The part of a hex float after `0x`: hex digits [. hex digits] [p [sign] digits]. Returns the
@@ -520,9 +494,7 @@ fn parse_generic(cfg: &mut AllocatorConfig, t: &Tokenizer, env: &str, later: Lat
                 t.check_token(i + 1)?;
                 let v = t.to_double(i + 2)?;
                 if !(v > 0.0 && v < 1.0) {
-                    return Err(value_error(
-                        "garbage_collect_threshold is invalid, set it in (0.0, 1.0)",
-                    ));
+                    return Err(value_error("garbage_collect_threshold is invalid, set it in (0.0, 1.0)"));
                 }
                 cfg.garbage_collection_threshold = v;
                 i + 2
@@ -553,9 +525,7 @@ fn parse_generic(cfg: &mut AllocatorConfig, t: &Tokenizer, env: &str, later: Lat
             _ => {
                 // The CUDA hook is registered, so unknown keys are rejected here too.
                 if !known_key(key, later) {
-                    return Err(value_error(format!(
-                        "Unrecognized key '{key}' in Accelerator allocator config."
-                    )));
+                    return Err(value_error(format!("Unrecognized key '{key}' in Accelerator allocator config.")));
                 }
                 t.skip_key(i)?
             }
@@ -569,17 +539,11 @@ fn parse_generic(cfg: &mut AllocatorConfig, t: &Tokenizer, env: &str, later: Lat
     Ok(())
 }
 
-fn parse_large_segment_size(
-    cfg: &mut AllocatorConfig,
-    t: &Tokenizer,
-    i: usize,
-) -> Result<usize, ConfigError> {
+fn parse_large_segment_size(cfg: &mut AllocatorConfig, t: &Tokenizer, i: usize) -> Result<usize, ConfigError> {
     t.check_token(i + 1)?;
     let v = t.to_size_t(i + 2)?;
     if v <= MIN_LARGE_SEGMENT_SIZE_MB {
-        return Err(value_error(format!(
-            "CachingAllocator option large_segment_size_mb must be > {MIN_LARGE_SEGMENT_SIZE_MB} MB"
-        )));
+        return Err(value_error(format!("CachingAllocator option large_segment_size_mb must be > {MIN_LARGE_SEGMENT_SIZE_MB} MB")));
     }
     cfg.large_segment_size = v.min(MAX_ALLOWED_MB) * MIB;
     Ok(i + 2)
@@ -587,30 +551,19 @@ fn parse_large_segment_size(
 
 /// `max_split_size_mb` / `max_non_split_rounding_mb`: at least `large_segment_size_mb`, clamped to
 /// `SIZE_MAX / kMB`, stored in bytes.
-fn parse_size_mb(
-    cfg: &AllocatorConfig,
-    t: &Tokenizer,
-    i: usize,
-    name: &str,
-) -> Result<(usize, u64), ConfigError> {
+fn parse_size_mb(cfg: &AllocatorConfig, t: &Tokenizer, i: usize, name: &str) -> Result<(usize, u64), ConfigError> {
     t.check_token(i + 1)?;
     let min_mb = cfg.large_segment_size / MIB;
     let v = t.to_size_t(i + 2)?;
     if v < min_mb {
-        return Err(value_error(format!(
-            "CachingAllocator option {name} too small, must be >= {min_mb}"
-        )));
+        return Err(value_error(format!("CachingAllocator option {name} too small, must be >= {min_mb}")));
     }
     Ok((i + 2, v.min(MAX_ALLOWED_MB) * MIB))
 }
 
 /// `parseRoundUpPower2Divisions` (2.10+ `>` semantics: fills from the entry after the last
 /// explicit one).
-fn parse_roundup_power2_divisions(
-    cfg: &mut AllocatorConfig,
-    t: &Tokenizer,
-    i: usize,
-) -> Result<usize, ConfigError> {
+fn parse_roundup_power2_divisions(cfg: &mut AllocatorConfig, t: &Tokenizer, i: usize) -> Result<usize, ConfigError> {
     let divs = &mut cfg.roundup_power2_divisions;
     t.check_token(i + 1)?;
     let mut i = i + 2;
@@ -618,9 +571,7 @@ fn parse_roundup_power2_divisions(
         // Scalar form (kept for backwards compatibility): 0 is rejected here.
         let value = t.to_size_t(i)?;
         if !value.is_power_of_two() {
-            return Err(value_error(
-                "For roundups, the divisions has to be power of 2 ",
-            ));
+            return Err(value_error("For roundups, the divisions has to be power of 2 "));
         }
         divs.fill(value);
         return Ok(i);
@@ -638,9 +589,7 @@ fn parse_roundup_power2_divisions(
         i += 1;
         let value = t.to_size_t(i)?;
         if !(value == 0 || value.is_power_of_two()) {
-            return Err(value_error(
-                "For roundups, the divisions has to be power of 2 or 0 to disable roundup ",
-            ));
+            return Err(value_error("For roundups, the divisions has to be power of 2 or 0 to disable roundup "));
         }
         if t.tokens[value_index] == ">" {
             for d in divs.iter_mut().skip(last_index + 1) {
@@ -649,9 +598,7 @@ fn parse_roundup_power2_divisions(
         } else {
             let boundary = t.to_size_t(value_index)?;
             if !boundary.is_power_of_two() {
-                return Err(value_error(
-                    "For roundups, the intervals have to be power of 2 ",
-                ));
+                return Err(value_error("For roundups, the intervals have to be power of 2 "));
             }
             let index = (63 - boundary.leading_zeros() as usize).min(ROUNDUP_INTERVALS - 1);
             if first_value {
@@ -667,12 +614,7 @@ fn parse_roundup_power2_divisions(
         }
     }
     if i >= t.len() {
-        return Err(internal_assert(
-            "i < tokenizer.size()",
-            "c10/core/AllocatorConfig.cpp",
-            185,
-            NO_CLOSING_BRACKET,
-        ));
+        return Err(internal_assert("i < tokenizer.size()", "c10/core/AllocatorConfig.cpp", 185, NO_CLOSING_BRACKET));
     }
     Ok(i)
 }
@@ -689,9 +631,7 @@ fn parse_cuda(cfg: &mut AllocatorConfig, t: &Tokenizer, origin: Origin, later: L
                 t.check_token(i + 1)?;
                 let value = t.at(i + 2)?;
                 if value != "native" && value != "cudaMallocAsync" {
-                    return Err(value_error(
-                        "Unknown allocator backend, options are native and cudaMallocAsync",
-                    ));
+                    return Err(value_error("Unknown allocator backend, options are native and cudaMallocAsync"));
                 }
                 let native = value == "native";
                 match origin {
@@ -699,18 +639,12 @@ fn parse_cuda(cfg: &mut AllocatorConfig, t: &Tokenizer, origin: Origin, later: L
                     Origin::Env => cfg.backend_native = native,
                     Origin::Runtime => {
                         if native != cfg.backend_native {
-                            let loaded = if cfg.backend_native {
-                                "native"
-                            } else {
-                                "cudaMallocAsync"
-                            };
+                            let loaded = if cfg.backend_native { "native" } else { "cudaMallocAsync" };
                             return Err(internal_assert(
                                 "tokenizer[i] == get()->name()",
                                 "c10/cuda/CUDAAllocatorConfig.cpp",
                                 44,
-                                &format!(
-                                    "Allocator backend parsed at runtime != allocator backend parsed at load time, {value} != {loaded}"
-                                ),
+                                &format!("Allocator backend parsed at runtime != allocator backend parsed at load time, {value} != {loaded}"),
                             ));
                         }
                     }
@@ -731,14 +665,10 @@ fn parse_cuda(cfg: &mut AllocatorConfig, t: &Tokenizer, origin: Origin, later: L
                 t.check_token(i + 1)?;
                 let v = t.to_size_t(i + 2)?;
                 if !v.is_power_of_two() {
-                    return Err(value_error(format!(
-                        "Number of register threads has to be power of 2, got {v}"
-                    )));
+                    return Err(value_error(format!("Number of register threads has to be power of 2, got {v}")));
                 }
                 if v > PINNED_MAX_REGISTER_THREADS {
-                    return Err(value_error(format!(
-                        "Number of register threads should be less than or equal to {PINNED_MAX_REGISTER_THREADS}, got {v}"
-                    )));
+                    return Err(value_error(format!("Number of register threads should be less than or equal to {PINNED_MAX_REGISTER_THREADS}, got {v}")));
                 }
                 cfg.pinned_num_register_threads = v;
                 i + 2
@@ -747,9 +677,7 @@ fn parse_cuda(cfg: &mut AllocatorConfig, t: &Tokenizer, origin: Origin, later: L
                 t.check_token(i + 1)?;
                 let v = t.to_size_t(i + 2)?;
                 if v == 0 {
-                    return Err(value_error(
-                        "Pinned reserve segment size has to be greater than 0",
-                    ));
+                    return Err(value_error("Pinned reserve segment size has to be greater than 0"));
                 }
                 cfg.pinned_reserve_segment_size_mb = v;
                 i + 2
@@ -764,9 +692,7 @@ fn parse_cuda(cfg: &mut AllocatorConfig, t: &Tokenizer, origin: Origin, later: L
                 let v = t.to_double(i + 2)?;
                 // NaN fails too, as in C++.
                 if !(0.0..=1.0).contains(&v) {
-                    return Err(value_error(
-                        "per_process_memory_fraction is invalid, set it in [0.0, 1.0]",
-                    ));
+                    return Err(value_error("per_process_memory_fraction is invalid, set it in [0.0, 1.0]"));
                 }
                 cfg.per_process_memory_fraction = Some(v);
                 i + 2
@@ -796,10 +722,7 @@ fn parse_cuda(cfg: &mut AllocatorConfig, t: &Tokenizer, origin: Origin, later: L
                 t.check_token(i + 1)?;
                 let mut j = i + 2;
                 if t.check_index(j)? != "[" {
-                    return Err(value_error(format!(
-                        "Expected '[' at index {j} in ConfigTokenizer but got '{}'",
-                        t.tokens[j]
-                    )));
+                    return Err(value_error(format!("Expected '[' at index {j} in ConfigTokenizer but got '{}'", t.tokens[j])));
                 }
                 let mut parsed: Vec<(String, ReserveSpec)> = Vec::new();
                 while t.check_index(j + 1)? != "]" {
@@ -821,9 +744,7 @@ fn parse_cuda(cfg: &mut AllocatorConfig, t: &Tokenizer, origin: Origin, later: L
             }
             _ => {
                 if !known_key(key, later) {
-                    return Err(value_error(format!(
-                        "Unrecognized key '{key}' in CUDA allocator config."
-                    )));
+                    return Err(value_error(format!("Unrecognized key '{key}' in CUDA allocator config.")));
                 }
                 t.skip_key(i)?
             }

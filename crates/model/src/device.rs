@@ -184,7 +184,7 @@ impl SimDevice {
                     while *first < v.len() && v[*first].1 {
                         *first += 1;
                     }
-                    Some((*first..v.len()).find(|&i| !v[i].1 && !occupied(&self.live, v[i].0, size))?)
+                    (*first..v.len()).find(|&i| !v[i].1 && !occupied(&self.live, v[i].0, size))
                 });
                 match found {
                     Some(i) => {

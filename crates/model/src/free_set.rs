@@ -133,6 +133,9 @@ impl Clone for Finger {
 struct SizeSet {
     /// `maxes[i]` is the last key of `chunks[i]`.
     maxes: Vec<u128>,
+    /// Boxed: a chunk is a few KiB of fixed arrays, and inserting or removing one shifts the
+    /// pointers after it, not the arrays.
+    #[allow(clippy::vec_box)]
     chunks: Vec<Box<Chunk>>,
     /// The position the last lookup found. A removal tries it first: `get_free_block` erases
     /// the block its lookup just found. (Checked against the key before use, so a stale finger
@@ -309,9 +312,7 @@ impl FreeSet {
 
     /// Every block, in comparator order: `((stream, size, ptr), id)`.
     pub fn iter(&self) -> impl Iterator<Item = ((u64, u64, u64), BlockId)> + '_ {
-        self.streams.iter().flat_map(|(stream, set)| {
-            set.chunks.iter().flat_map(move |c| (0..c.len).map(move |i| ((*stream, c.sizes[i], c.ptrs[i]), c.ids[i])))
-        })
+        self.streams.iter().flat_map(|(stream, set)| set.chunks.iter().flat_map(move |c| (0..c.len).map(move |i| ((*stream, c.sizes[i], c.ptrs[i]), c.ids[i]))))
     }
 
     /// Every block id, in comparator order.

@@ -4,15 +4,15 @@
 //! * [`config`]: `PYTORCH_CUDA_ALLOC_CONF` and the size rules (`round_size`, `get_allocation_size`).
 //! * [`allocator`]: the allocator itself ([`CachingAllocator`]).
 //! * [`device`]: the device trait and the simulated device ([`SimDevice`]) with its address placements.
-//! * [`stats`]: `memory_stats()`.
+//! * [`stats`]: the counters of `memory_stats()`.
 //! * [`format`]: PyTorch's `format_size` and OOM message.
 pub mod allocator;
 pub mod config;
 mod config_parse;
 pub mod constants;
 pub mod device;
-pub mod format;
 pub mod flat_hash_map;
+pub mod format;
 pub mod free_set;
 pub mod stats;
 

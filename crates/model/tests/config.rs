@@ -47,26 +47,11 @@ fn strip_type(text: &str) -> &str {
 #[test]
 fn env_error_texts_measured() {
     // ConfigError carries the C++ message; Python shows these as "ValueError: <message>".
-    assert_eq!(
-        parse_err("foo_bar:1"),
-        "Unrecognized key 'foo_bar' in CUDA allocator config."
-    );
-    assert_eq!(
-        parse_err("max_split_size_mb:19"),
-        "CachingAllocator option max_split_size_mb too small, must be >= 20"
-    );
-    assert_eq!(
-        parse_err("large_segment_size_mb:10"),
-        "CachingAllocator option large_segment_size_mb must be > 10 MB"
-    );
-    assert_eq!(
-        parse_err("large_segment_size_mb:40,max_split_size_mb:30"),
-        "CachingAllocator option max_split_size_mb too small, must be >= 40"
-    );
-    assert_eq!(
-        parse_err("expandable_segments:true"),
-        "Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'true'"
-    );
+    assert_eq!(parse_err("foo_bar:1"), "Unrecognized key 'foo_bar' in CUDA allocator config.");
+    assert_eq!(parse_err("max_split_size_mb:19"), "CachingAllocator option max_split_size_mb too small, must be >= 20");
+    assert_eq!(parse_err("large_segment_size_mb:10"), "CachingAllocator option large_segment_size_mb must be > 10 MB");
+    assert_eq!(parse_err("large_segment_size_mb:40,max_split_size_mb:30"), "CachingAllocator option max_split_size_mb too small, must be >= 40");
+    assert_eq!(parse_err("expandable_segments:true"), "Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'true'");
 }
 
 #[test]
@@ -82,10 +67,7 @@ fn env_structural_errors_abort_at_load_time() {
     );
     // A key known to neither parser is reported by the CUDA parser at process start even when a
     // generic value error comes first in the string (inferred order, see config_parse.rs).
-    assert_eq!(
-        parse_err("max_split_size_mb:19,foo_bar:1"),
-        "Unrecognized key 'foo_bar' in CUDA allocator config."
-    );
+    assert_eq!(parse_err("max_split_size_mb:19,foo_bar:1"), "Unrecognized key 'foo_bar' in CUDA allocator config.");
 }
 
 #[test]
@@ -93,10 +75,7 @@ fn whitespace_is_dropped() {
     let c = parse_ok(" max_split_size_mb : 100 ,\texpandable_segments:False");
     assert_eq!(c.max_split_size, 100 * MIB);
     assert!(!c.expandable_segments);
-    assert_eq!(
-        c.source,
-        " max_split_size_mb : 100 ,\texpandable_segments:False"
-    );
+    assert_eq!(c.source, " max_split_size_mb : 100 ,\texpandable_segments:False");
 }
 
 #[test]
@@ -125,12 +104,8 @@ fn all_keys_parse() {
     assert_eq!(c.large_segment_size, 32 * MIB);
     assert_eq!(c.garbage_collection_threshold, 0.6);
     assert_eq!(c.roundup_power2_divisions, [4; 16]);
-    assert!(
-        c.expandable_segments && c.pinned_use_background_threads && c.release_lock_on_cudamalloc
-    );
-    assert!(
-        c.pinned_use_cuda_host_register && c.graph_capture_record_stream_reuse && c.backend_native
-    );
+    assert!(c.expandable_segments && c.pinned_use_background_threads && c.release_lock_on_cudamalloc);
+    assert!(c.pinned_use_cuda_host_register && c.graph_capture_record_stream_reuse && c.backend_native);
     assert_eq!(c.pinned_num_register_threads, 8);
     assert_eq!(c.pinned_reserve_segment_size_mb, 64);
     assert_eq!(c.per_process_memory_fraction, Some(0.9));
@@ -141,10 +116,7 @@ fn all_keys_parse() {
 fn backend_at_start_and_at_runtime() {
     let c = parse_ok("backend:cudaMallocAsync");
     assert!(!c.backend_native);
-    assert_eq!(
-        parse_err("backend:foo"),
-        "Unknown allocator backend, options are native and cudaMallocAsync"
-    );
+    assert_eq!(parse_err("backend:foo"), "Unknown allocator backend, options are native and cudaMallocAsync");
     let mut r = runtime_cfg();
     assert_eq!(
         r.apply("backend:cudaMallocAsync").unwrap_err().0,
@@ -158,9 +130,7 @@ fn backend_at_start_and_at_runtime() {
 
 #[test]
 fn every_parse_resets_split_roundup_gc_and_non_split() {
-    let mut c = parse_ok(
-        "max_split_size_mb:100,roundup_power2_divisions:4,garbage_collection_threshold:0.5,max_non_split_rounding_mb:50",
-    );
+    let mut c = parse_ok("max_split_size_mb:100,roundup_power2_divisions:4,garbage_collection_threshold:0.5,max_non_split_rounding_mb:50");
     assert_eq!(c.max_split_size, 100 * MIB);
     assert_eq!(c.max_non_split_rounding_size, 50 * MIB);
     c.apply("expandable_segments:True").unwrap();
@@ -177,18 +147,13 @@ fn every_parse_resets_split_roundup_gc_and_non_split() {
     assert_eq!(c.max_split_size, u64::MAX);
 
     // Other keys keep their value when absent, large_segment_size_mb included.
-    let mut c = parse_ok(
-        "large_segment_size_mb:64,release_lock_on_cudamalloc:True,per_process_memory_fraction:0.5",
-    );
+    let mut c = parse_ok("large_segment_size_mb:64,release_lock_on_cudamalloc:True,per_process_memory_fraction:0.5");
     c.apply("max_split_size_mb:100").unwrap();
     assert_eq!(c.large_segment_size, 64 * MIB);
     assert_eq!(c.max_non_split_rounding_size, 64 * MIB);
     assert!(c.release_lock_on_cudamalloc);
     assert_eq!(c.per_process_memory_fraction, Some(0.5));
-    assert_eq!(
-        c.apply("max_split_size_mb:30").unwrap_err().0,
-        "CachingAllocator option max_split_size_mb too small, must be >= 64"
-    );
+    assert_eq!(c.apply("max_split_size_mb:30").unwrap_err().0, "CachingAllocator option max_split_size_mb too small, must be >= 64");
 }
 
 #[test]
@@ -198,92 +163,40 @@ fn large_segment_size_mb() {
     assert_eq!(c.max_non_split_rounding_size, 64 * MIB);
     assert_eq!(c.get_allocation_size(c.round_size(2 * MIB)), 64 * MIB);
     // Read before the other keys, wherever it is in the string.
-    assert_eq!(
-        parse_err("max_split_size_mb:30,large_segment_size_mb:40"),
-        "CachingAllocator option max_split_size_mb too small, must be >= 40"
-    );
+    assert_eq!(parse_err("max_split_size_mb:30,large_segment_size_mb:40"), "CachingAllocator option max_split_size_mb too small, must be >= 40");
     assert_eq!(
         parse_err("large_segment_size_mb:40,max_non_split_rounding_mb:30"),
         "CachingAllocator option max_non_split_rounding_mb too small, must be >= 40"
     );
-    assert_eq!(
-        parse_ok("large_segment_size_mb:40,max_split_size_mb:40").max_split_size,
-        40 * MIB
-    );
+    assert_eq!(parse_ok("large_segment_size_mb:40,max_split_size_mb:40").max_split_size, 40 * MIB);
 }
 
 #[test]
 fn numbers_parse_like_stoull_and_stod() {
     // Longest valid prefix, sign accepted, base 10 (all measured at runtime, see RUNTIME_CASES).
-    assert_eq!(
-        parse_ok("max_split_size_mb:100abc").max_split_size,
-        100 * MIB
-    );
+    assert_eq!(parse_ok("max_split_size_mb:100abc").max_split_size, 100 * MIB);
     assert_eq!(parse_ok("max_split_size_mb:+100").max_split_size, 100 * MIB);
-    assert_eq!(
-        parse_ok("max_split_size_mb:-1").max_split_size,
-        (u64::MAX / MIB) * MIB
-    );
-    assert_eq!(
-        parse_ok("max_split_size_mb:18446744073709551615").max_split_size,
-        (u64::MAX / MIB) * MIB
-    );
-    assert_eq!(
-        parse_err("max_split_size_mb:1e3"),
-        "CachingAllocator option max_split_size_mb too small, must be >= 20"
-    );
-    assert_eq!(
-        parse_err("max_split_size_mb:0x40"),
-        "CachingAllocator option max_split_size_mb too small, must be >= 20"
-    );
+    assert_eq!(parse_ok("max_split_size_mb:-1").max_split_size, (u64::MAX / MIB) * MIB);
+    assert_eq!(parse_ok("max_split_size_mb:18446744073709551615").max_split_size, (u64::MAX / MIB) * MIB);
+    assert_eq!(parse_err("max_split_size_mb:1e3"), "CachingAllocator option max_split_size_mb too small, must be >= 20");
+    assert_eq!(parse_err("max_split_size_mb:0x40"), "CachingAllocator option max_split_size_mb too small, must be >= 20");
     assert_eq!(parse_err("max_split_size_mb:abc"), "stoull"); // ValueError (std::invalid_argument)
-    assert_eq!(
-        parse_err("max_split_size_mb:99999999999999999999"),
-        "stoull"
-    ); // IndexError (std::out_of_range)
-    assert_eq!(
-        parse_ok("garbage_collection_threshold:.5").garbage_collection_threshold,
-        0.5
-    );
-    assert_eq!(
-        parse_ok("garbage_collection_threshold:0.5x").garbage_collection_threshold,
-        0.5
-    );
-    assert_eq!(
-        parse_ok("garbage_collection_threshold:0x0.8p0").garbage_collection_threshold,
-        0.5
-    );
-    assert_eq!(
-        parse_ok("garbage_collection_threshold:5e-1").garbage_collection_threshold,
-        0.5
-    );
-    assert_eq!(
-        parse_ok("garbage_collection_threshold:0X.4P1").garbage_collection_threshold,
-        0.5
-    );
+    assert_eq!(parse_err("max_split_size_mb:99999999999999999999"), "stoull"); // IndexError (std::out_of_range)
+    assert_eq!(parse_ok("garbage_collection_threshold:.5").garbage_collection_threshold, 0.5);
+    assert_eq!(parse_ok("garbage_collection_threshold:0.5x").garbage_collection_threshold, 0.5);
+    assert_eq!(parse_ok("garbage_collection_threshold:0x0.8p0").garbage_collection_threshold, 0.5);
+    assert_eq!(parse_ok("garbage_collection_threshold:5e-1").garbage_collection_threshold, 0.5);
+    assert_eq!(parse_ok("garbage_collection_threshold:0X.4P1").garbage_collection_threshold, 0.5);
     assert_eq!(parse_err("garbage_collection_threshold:abc"), "stod");
     assert_eq!(parse_err("garbage_collection_threshold:1e-400"), "stod");
     assert_eq!(parse_err("garbage_collection_threshold:1e400"), "stod");
     let bad_gc = "garbage_collect_threshold is invalid, set it in (0.0, 1.0)";
     for v in ["0", "1", "nan", "inf", "-0.5", "NaN", "-inf"] {
-        assert_eq!(
-            parse_err(&format!("garbage_collection_threshold:{v}")),
-            bad_gc,
-            "{v}"
-        );
+        assert_eq!(parse_err(&format!("garbage_collection_threshold:{v}")), bad_gc, "{v}");
     }
-    assert_eq!(
-        parse_ok("per_process_memory_fraction:0").per_process_memory_fraction,
-        Some(0.0)
-    );
-    assert_eq!(
-        parse_ok("per_process_memory_fraction:1").per_process_memory_fraction,
-        Some(1.0)
-    );
-    assert_eq!(
-        parse_err("per_process_memory_fraction:nan"),
-        "per_process_memory_fraction is invalid, set it in [0.0, 1.0]"
-    );
+    assert_eq!(parse_ok("per_process_memory_fraction:0").per_process_memory_fraction, Some(0.0));
+    assert_eq!(parse_ok("per_process_memory_fraction:1").per_process_memory_fraction, Some(1.0));
+    assert_eq!(parse_err("per_process_memory_fraction:nan"), "per_process_memory_fraction is invalid, set it in [0.0, 1.0]");
 }
 
 // --------------------------------------------------------------------------------------------
@@ -293,53 +206,25 @@ fn numbers_parse_like_stoull_and_stod() {
 fn roundup_scalar_4() {
     let c = parse_ok("roundup_power2_divisions:4");
     assert_eq!(c.roundup_power2_divisions, [4; 16]);
-    for (n, want) in [
-        (1200, 1536),
-        (3000, 3072),
-        (2049, 2560),
-        (4096, 4096),
-        (MIB + 1, MIB + MIB / 4),
-        (5 * MIB + 1, 6 * MIB),
-        (100 * MIB + 1, 112 * MIB),
-    ] {
+    for (n, want) in [(1200, 1536), (3000, 3072), (2049, 2560), (4096, 4096), (MIB + 1, MIB + MIB / 4), (5 * MIB + 1, 6 * MIB), (100 * MIB + 1, 112 * MIB)] {
         assert_eq!(c.round_size(n), want, "round_size({n})");
     }
-    assert_eq!(
-        parse_err("roundup_power2_divisions:0"),
-        "For roundups, the divisions has to be power of 2 "
-    );
-    assert_eq!(
-        parse_err("roundup_power2_divisions:3"),
-        "For roundups, the divisions has to be power of 2 "
-    );
+    assert_eq!(parse_err("roundup_power2_divisions:0"), "For roundups, the divisions has to be power of 2 ");
+    assert_eq!(parse_err("roundup_power2_divisions:3"), "For roundups, the divisions has to be power of 2 ");
 }
 
 #[test]
 fn roundup_lists() {
     let c = parse_ok("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]");
-    assert_eq!(
-        c.roundup_power2_divisions,
-        [1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 8, 8, 8, 8]
-    );
-    for (n, want) in [
-        (3 * MIB + 1, 3 * MIB + 512),
-        (300 * MIB + 1, 300 * MIB + 512),
-        (600 * MIB + 1, 768 * MIB),
-        (1200 * MIB + 1, 1280 * MIB),
-        (2500 * MIB + 1, 2560 * MIB),
-    ] {
+    assert_eq!(c.roundup_power2_divisions, [1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 8, 8, 8, 8]);
+    for (n, want) in
+        [(3 * MIB + 1, 3 * MIB + 512), (300 * MIB + 1, 300 * MIB + 512), (600 * MIB + 1, 768 * MIB), (1200 * MIB + 1, 1280 * MIB), (2500 * MIB + 1, 2560 * MIB)]
+    {
         assert_eq!(c.round_size(n), want, "round_size({n})");
     }
     let c = parse_ok("roundup_power2_divisions:[2:8,256:4,>:2]");
-    assert_eq!(
-        c.roundup_power2_divisions,
-        [8, 8, 0, 0, 0, 0, 0, 0, 4, 2, 2, 2, 2, 2, 2, 2]
-    );
-    for (n, want) in [
-        (3 * MIB + 1, 3 * MIB + MIB / 4),
-        (300 * MIB + 1, 320 * MIB),
-        (600 * MIB + 1, 768 * MIB),
-    ] {
+    assert_eq!(c.roundup_power2_divisions, [8, 8, 0, 0, 0, 0, 0, 0, 4, 2, 2, 2, 2, 2, 2, 2]);
+    for (n, want) in [(3 * MIB + 1, 3 * MIB + MIB / 4), (300 * MIB + 1, 320 * MIB), (600 * MIB + 1, 768 * MIB)] {
         assert_eq!(c.round_size(n), want, "round_size({n})");
     }
 }
@@ -347,36 +232,15 @@ fn roundup_lists() {
 #[test]
 fn roundup_list_edges() {
     // `>` first: fills from entry 1 (last_index starts at 0); entry 0 stays 0 (measured).
-    assert_eq!(
-        parse_ok("roundup_power2_divisions:[>:4]").roundup_power2_divisions,
-        [0, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]
-    );
+    assert_eq!(parse_ok("roundup_power2_divisions:[>:4]").roundup_power2_divisions, [0, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]);
     // Keys above 32 GiB clamp to the last entry; the first key fills everything below it.
-    assert_eq!(
-        parse_ok("roundup_power2_divisions:[1048576:4]").roundup_power2_divisions,
-        [4; 16]
-    );
+    assert_eq!(parse_ok("roundup_power2_divisions:[1048576:4]").roundup_power2_divisions, [4; 16]);
     // 2.10+: `>` no longer overwrites the last explicit entry; a later key still applies.
-    assert_eq!(
-        parse_ok("roundup_power2_divisions:[256:4,>:2,512:8]").roundup_power2_divisions,
-        [4, 4, 4, 4, 4, 4, 4, 4, 4, 8, 2, 2, 2, 2, 2, 2]
-    );
-    assert_eq!(
-        parse_ok("roundup_power2_divisions:[]").roundup_power2_divisions,
-        [0; 16]
-    );
-    assert_eq!(
-        parse_err("roundup_power2_divisions:[3:4]"),
-        "For roundups, the intervals have to be power of 2 "
-    );
-    assert_eq!(
-        parse_err("roundup_power2_divisions:[0:4]"),
-        "For roundups, the intervals have to be power of 2 "
-    );
-    assert_eq!(
-        parse_err("roundup_power2_divisions:[256:3]"),
-        "For roundups, the divisions has to be power of 2 or 0 to disable roundup "
-    );
+    assert_eq!(parse_ok("roundup_power2_divisions:[256:4,>:2,512:8]").roundup_power2_divisions, [4, 4, 4, 4, 4, 4, 4, 4, 4, 8, 2, 2, 2, 2, 2, 2]);
+    assert_eq!(parse_ok("roundup_power2_divisions:[]").roundup_power2_divisions, [0; 16]);
+    assert_eq!(parse_err("roundup_power2_divisions:[3:4]"), "For roundups, the intervals have to be power of 2 ");
+    assert_eq!(parse_err("roundup_power2_divisions:[0:4]"), "For roundups, the intervals have to be power of 2 ");
+    assert_eq!(parse_err("roundup_power2_divisions:[256:3]"), "For roundups, the divisions has to be power of 2 or 0 to disable roundup ");
     // 0 is allowed in the list form and disables rounding for that interval.
     let c = parse_ok("roundup_power2_divisions:[256:0,>:4]");
     assert_eq!(c.round_size(300 * MIB + 1), 300 * MIB + 512);
@@ -418,30 +282,12 @@ fn probe1_rounding_and_pools() {
     assert_eq!(s["PYTORCH_CUDA_ALLOC_CONF"], "");
     assert_eq!(s["max_split_size"].as_i64(), Some(-1));
     assert_eq!(c.max_split_size, u64::MAX);
-    assert_eq!(
-        s["garbage_collection_threshold"].as_f64(),
-        Some(c.garbage_collection_threshold)
-    );
-    assert_eq!(
-        s["expandable_segments"].as_bool(),
-        Some(c.expandable_segments)
-    );
-    assert_eq!(
-        u(&s["pinned_num_register_threads"]),
-        c.pinned_num_register_threads
-    );
-    assert_eq!(
-        s["release_lock_on_cudamalloc"].as_bool(),
-        Some(c.release_lock_on_cudamalloc)
-    );
-    assert_eq!(
-        s["pinned_use_cuda_host_register"].as_bool(),
-        Some(c.pinned_use_cuda_host_register)
-    );
-    assert_eq!(
-        s["graph_capture_record_stream_reuse"].as_bool(),
-        Some(c.graph_capture_record_stream_reuse)
-    );
+    assert_eq!(s["garbage_collection_threshold"].as_f64(), Some(c.garbage_collection_threshold));
+    assert_eq!(s["expandable_segments"].as_bool(), Some(c.expandable_segments));
+    assert_eq!(u(&s["pinned_num_register_threads"]), c.pinned_num_register_threads);
+    assert_eq!(s["release_lock_on_cudamalloc"].as_bool(), Some(c.release_lock_on_cudamalloc));
+    assert_eq!(s["pinned_use_cuda_host_register"].as_bool(), Some(c.pinned_use_cuda_host_register));
+    assert_eq!(s["graph_capture_record_stream_reuse"].as_bool(), Some(c.graph_capture_record_stream_reuse));
     let rp = s["roundup_power2_divisions"].as_object().unwrap();
     assert_eq!(rp.len(), 16);
     for (i, d) in c.roundup_power2_divisions.iter().enumerate() {
@@ -456,27 +302,16 @@ fn probe1_rounding_and_pools() {
     for e in log {
         let n = u(&e["n"]);
         let st = &e["stats"];
-        let (a, r, sg) = (
-            u(&st["allocated_bytes.all.current"]),
-            u(&st["reserved_bytes.all.current"]),
-            u(&st["segment.all.current"]),
-        );
+        let (a, r, sg) = (u(&st["allocated_bytes.all.current"]), u(&st["reserved_bytes.all.current"]), u(&st["segment.all.current"]));
         let rounded = c.round_size(n);
         assert_eq!(a - allocated, rounded, "allocated delta for request {n}");
         if sg > segments {
             assert_eq!(sg, segments + 1);
-            assert_eq!(
-                r - reserved,
-                c.get_allocation_size(rounded),
-                "segment size for request {n}"
-            );
+            assert_eq!(r - reserved, c.get_allocation_size(rounded), "segment size for request {n}");
         } else {
             assert_eq!(r, reserved, "request {n} reused a segment");
         }
-        assert_eq!(
-            u(&st["requested_bytes.all.current"]) - log_requested_before(log, n),
-            n
-        );
+        assert_eq!(u(&st["requested_bytes.all.current"]) - log_requested_before(log, n), n);
         (allocated, reserved, segments) = (a, r, sg);
     }
 
@@ -489,20 +324,12 @@ fn probe1_rounding_and_pools() {
         let total = u(&seg["total"]);
         let first = &blocks[0];
         assert_eq!(first[2], "active_allocated");
-        assert_eq!(
-            total,
-            c.get_allocation_size(c.round_size(u(&first[1]))),
-            "segment {seg}"
-        );
+        assert_eq!(total, c.get_allocation_size(c.round_size(u(&first[1]))), "segment {seg}");
         assert_eq!(blocks.iter().map(|b| u(&b[0])).sum::<u64>(), total);
         for b in blocks.iter().filter(|b| b[2] == "active_allocated") {
             let (size, requested) = (u(&b[0]), u(&b[1]));
             assert_eq!(size, c.round_size(requested), "block {b}");
-            let pool = if size <= K_SMALL_SIZE {
-                "small"
-            } else {
-                "large"
-            };
+            let pool = if size <= K_SMALL_SIZE { "small" } else { "large" };
             assert_eq!(seg["pool"], pool, "pool of block {b}");
             checked += 1;
         }
@@ -575,36 +402,15 @@ fn runtime_settings_calls_measured() {
             c.roundup_power2_divisions,
             c.large_segment_size,
         );
-        let want = (
-            st.source,
-            st.max_split,
-            st.gc,
-            st.es,
-            st.threads,
-            st.release_lock,
-            st.host_register,
-            st.record_stream_reuse,
-            st.roundup,
-            st.large_segment,
-        );
+        let want = (st.source, st.max_split, st.gc, st.es, st.threads, st.release_lock, st.host_register, st.record_stream_reuse, st.roundup, st.large_segment);
         if got != want {
-            failures.push(format!(
-                "{:?}: state\n  want {want:?}\n  got  {got:?}",
-                case.seq
-            ));
+            failures.push(format!("{:?}: state\n  want {want:?}\n  got  {got:?}", case.seq));
         }
-        if !c.expandable_segments
-            && c.get_allocation_size(c.round_size(2 * MIB)) != st.large_segment
-        {
+        if !c.expandable_segments && c.get_allocation_size(c.round_size(2 * MIB)) != st.large_segment {
             failures.push(format!("{:?}: 2 MiB segment size", case.seq));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} mismatches:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
 
 #[rustfmt::skip]

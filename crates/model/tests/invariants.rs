@@ -49,10 +49,17 @@ const PRIVATE: Route = Route::Private((1, 0));
 
 #[derive(Clone, Debug)]
 enum Op {
-    Malloc { size: u64, stream: u64, private: bool },
+    Malloc {
+        size: u64,
+        stream: u64,
+        private: bool,
+    },
     /// Frees the live allocation at `idx` (modulo the number of live allocations); `pending`: a
     /// cross-stream free whose events are outstanding.
-    Free { idx: usize, pending: bool },
+    Free {
+        idx: usize,
+        pending: bool,
+    },
     /// The oldest outstanding cross-stream free completes.
     CompleteOne,
     Sync,
@@ -98,12 +105,7 @@ fn op_strategy(allow_private: bool) -> impl Strategy<Value = Op> {
 }
 
 fn placement_strategy() -> impl Strategy<Value = Placement> {
-    prop_oneof![
-        Just(Placement::Ascending),
-        Just(Placement::Descending),
-        Just(Placement::LowestFit),
-        any::<u64>().prop_map(Placement::Random),
-    ]
+    prop_oneof![Just(Placement::Ascending), Just(Placement::Descending), Just(Placement::LowestFit), any::<u64>().prop_map(Placement::Random),]
 }
 
 fn setup_strategy() -> impl Strategy<Value = Setup> {
@@ -186,11 +188,7 @@ impl Sim {
 
     /// The largest `page` by which mapping whole pages may overshoot the allowed maximum.
     fn overshoot(&self) -> u64 {
-        if self.a.config.expandable_segments && self.setup.limit == Limit::AllowedMaximum {
-            self.a.config.large_segment_size.max(K_SMALL_BUFFER)
-        } else {
-            0
-        }
+        if self.a.config.expandable_segments && self.setup.limit == Limit::AllowedMaximum { self.a.config.large_segment_size.max(K_SMALL_BUFFER) } else { 0 }
     }
 
     fn apply(&mut self, op: &Op) -> Result<(), String> {
@@ -260,11 +258,7 @@ impl Sim {
             }
             Err(oom) => {
                 ensure!(oom.rounded_size == rounded, "OOM rounded_size {} != round_size({size}) = {rounded}", oom.rounded_size);
-                ensure!(
-                    self.a.events.last().map(|e| e.kind) == Some(EventKind::Oom),
-                    "OOM without a trailing Oom event: {:?}",
-                    self.a.events.last()
-                );
+                ensure!(self.a.events.last().map(|e| e.kind) == Some(EventKind::Oom), "OOM without a trailing Oom event: {:?}", self.a.events.last());
                 let cap = match self.setup.capacity {
                     Some(c) => c,
                     None => return Err(format!("malloc({size}) ran out of memory with no capacity set: {oom:?}")),
@@ -389,12 +383,8 @@ impl Sim {
         }
         stat_ok("oversize_allocations", 0, &s.oversize_allocations)?;
         stat_ok("oversize_segments", 0, &s.oversize_segments)?;
-        let (alloc, active, res, req) = (
-            s.allocated_bytes.all().current,
-            s.active_bytes.all().current,
-            s.reserved_bytes.all().current,
-            s.requested_bytes.all().current,
-        );
+        let (alloc, active, res, req) =
+            (s.allocated_bytes.all().current, s.active_bytes.all().current, s.reserved_bytes.all().current, s.requested_bytes.all().current);
         ensure!(alloc <= active && active <= res, "allocated {alloc} <= active {active} <= reserved {res} fails");
         ensure!(req <= active, "requested {req} > active {active}");
         ensure!(s.allocation.all().current as usize == self.live.len(), "allocation.current {} != {} live", s.allocation.all().current, self.live.len());
@@ -450,11 +440,7 @@ impl Sim {
             // An expandable segment whose first map failed (device full) is never mapped, so
             // release_blocks (which walks only the free *mapped* blocks) never releases its address
             // reservation: PyTorch 2.11 does the same. Such a segment holds no memory.
-            ensure!(
-                a.expandable_segments.iter().flatten().all(|e| e.mapped_size == 0),
-                "expandable segments still mapped: {:?}",
-                a.expandable_segments
-            );
+            ensure!(a.expandable_segments.iter().flatten().all(|e| e.mapped_size == 0), "expandable segments still mapped: {:?}", a.expandable_segments);
             ensure!(
                 a.live_blocks().all(|(_, b)| !b.mapped && b.expandable_segment.is_some()),
                 "blocks remain: {:?}",
@@ -532,9 +518,7 @@ fn fixed_ops(seed: u64, n: usize, streams: &[u64]) -> Vec<Op> {
                 };
                 Op::Malloc { size, stream: streams[r.below(streams.len() as u64) as usize], private: false }
             }
-            10..=17 => {
-                Op::Free { idx: r.next() as usize, pending: streams.len() > 1 && r.below(4) == 0 }
-            }
+            10..=17 => Op::Free { idx: r.next() as usize, pending: streams.len() > 1 && r.below(4) == 0 },
             18 | 19 => Op::CompleteOne,
             20 => Op::Sync,
             _ => Op::EmptyCache,
@@ -591,13 +575,7 @@ fn compare_placements(conf: &str, capacity: Option<u64>, ops: &[Op]) -> Result<(
         let other = placement_free_trace(conf, capacity, p.clone(), ops);
         for (i, (x, y)) in reference.iter().zip(&other).enumerate() {
             if x != y {
-                return Err(format!(
-                    "{conf:?} capacity {capacity:?}: {:?} and {p:?} differ after op {i} ({:?}):\n  {:?}\n  {:?}",
-                    ps[0],
-                    ops.get(i),
-                    x,
-                    y
-                ));
+                return Err(format!("{conf:?} capacity {capacity:?}: {:?} and {p:?} differ after op {i} ({:?}):\n  {:?}\n  {:?}", ps[0], ops.get(i), x, y));
             }
         }
     }
@@ -646,10 +624,7 @@ fn expandable_multi_stream_is_placement_independent() {
 /// path"); the property tests allow for it.
 #[test]
 fn expandable_mapping_may_pass_the_allowed_maximum_by_less_than_a_page() {
-    let mut a = CachingAllocator::new(
-        AllocatorConfig::parse("expandable_segments:True").unwrap(),
-        SimDevice::new(H200_TOTAL_MEMORY, Placement::Ascending),
-    );
+    let mut a = CachingAllocator::new(AllocatorConfig::parse("expandable_segments:True").unwrap(), SimDevice::new(H200_TOTAL_MEMORY, Placement::Ascending));
     a.set_allowed_memory_maximum(Some(34 * MIB));
     // 12 MiB + 512: alloc_size 14 MiB; maps one 20 MiB page.
     a.malloc(12 * MIB + 1, 0, Route::Default).unwrap();

@@ -225,12 +225,7 @@ fn seg_from_snapshot(s: &Value) -> Seg {
         alloc: u(&s["allocated_size"]),
         active: u(&s["active_size"]),
         req: u(&s["requested_size"]),
-        blocks: s["blocks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|b| (u(&b["size"]), u(&b["requested_size"]), b["state"].as_str().unwrap().to_string()))
-            .collect(),
+        blocks: s["blocks"].as_array().unwrap().iter().map(|b| (u(&b["size"]), u(&b["requested_size"]), b["state"].as_str().unwrap().to_string())).collect(),
     }
 }
 
@@ -328,13 +323,12 @@ fn compare_segments(at: &str, recorded: &[Seg], model: &[Seg], out: &mut Vec<Str
             diffs.push(format!("requested_size recorded {} vs model {}", r.req, m.req));
         }
         if r.blocks != m.blocks {
-            let only_stale_req = r.blocks.len() == m.blocks.len()
-                && r.blocks.iter().zip(&m.blocks).all(|(x, y)| x.0 == y.0 && x.2 == y.2 && (x.1 == y.1 || x.2 == "inactive"));
+            let only_stale_req =
+                r.blocks.len() == m.blocks.len() && r.blocks.iter().zip(&m.blocks).all(|(x, y)| x.0 == y.0 && x.2 == y.2 && (x.1 == y.1 || x.2 == "inactive"));
             let mut first = String::new();
             for (i, (x, y)) in r.blocks.iter().zip(&m.blocks).enumerate() {
                 if x != y {
-                    first =
-                        format!("; first difference at block {i}: recorded [{},{},{}] vs model [{},{},{}]", x.0, x.1, x.2, y.0, y.1, y.2);
+                    first = format!("; first difference at block {i}: recorded [{},{},{}] vs model [{},{},{}]", x.0, x.1, x.2, y.0, y.1, y.2);
                     break;
                 }
             }
@@ -436,8 +430,7 @@ fn recorded_placement(events: &[Value], total: u64) -> Placement {
         }
     }
     for ev in events {
-        let mut segs: Vec<Seg> =
-            ev.get("segs").and_then(|s| s.as_array()).map(|v| v.iter().map(seg_from_state).collect()).unwrap_or_default();
+        let mut segs: Vec<Seg> = ev.get("segs").and_then(|s| s.as_array()).map(|v| v.iter().map(seg_from_state).collect()).unwrap_or_default();
         if let Some(ss) = ev.get("snapshot").and_then(|s| s.get("segments")).and_then(|s| s.as_array()) {
             segs.extend(ss.iter().map(seg_from_snapshot));
         }
@@ -461,17 +454,15 @@ fn stream_values(events: &[Value]) -> HashMap<String, u64> {
     let all_segs: Vec<Seg> = events
         .iter()
         .flat_map(|ev| {
-            let mut v: Vec<Seg> =
-                ev.get("segs").and_then(|s| s.as_array()).map(|v| v.iter().map(seg_from_state).collect()).unwrap_or_default();
+            let mut v: Vec<Seg> = ev.get("segs").and_then(|s| s.as_array()).map(|v| v.iter().map(seg_from_state).collect()).unwrap_or_default();
             if let Some(ss) = ev.get("snapshot").and_then(|s| s.get("segments")).and_then(|s| s.as_array()) {
                 v.extend(ss.iter().map(seg_from_snapshot));
             }
             v
         })
         .collect();
-    let trace_allocs: Vec<(u64, u64)> = last_trace(events)
-        .map(|(_, tr)| tr.iter().filter(|t| t["action"] == "alloc").map(|t| (u(&t["addr"]), u(&t["stream"]))).collect())
-        .unwrap_or_default();
+    let trace_allocs: Vec<(u64, u64)> =
+        last_trace(events).map(|(_, tr)| tr.iter().filter(|t| t["action"] == "alloc").map(|t| (u(&t["addr"]), u(&t["stream"]))).collect()).unwrap_or_default();
     for ev in events {
         let (name, args) = op_of(ev);
         let s = match name {
@@ -487,10 +478,11 @@ fn stream_values(events: &[Value]) -> HashMap<String, u64> {
         if name == "alloc_s"
             && let Some(ptr) = ev.get("ptr").and_then(|p| p.as_u64())
         {
-            value =
-                trace_allocs.iter().find(|&&(a, _)| a == ptr).map(|&(_, s)| s).or_else(|| {
-                    all_segs.iter().find(|sg| sg.addr <= ptr && ptr < sg.addr + sg.total && sg.stream != 0).map(|sg| sg.stream)
-                });
+            value = trace_allocs
+                .iter()
+                .find(|&&(a, _)| a == ptr)
+                .map(|&(_, s)| s)
+                .or_else(|| all_segs.iter().find(|sg| sg.addr <= ptr && ptr < sg.addr + sg.total && sg.stream != 0).map(|sg| sg.stream));
         }
         match value {
             Some(v) => {
@@ -512,9 +504,7 @@ fn stream_values(events: &[Value]) -> HashMap<String, u64> {
 fn capture_stream(events: &[Value]) -> u64 {
     let named: Vec<u64> = stream_values(events).into_values().collect();
     last_trace(events)
-        .and_then(|(_, tr)| {
-            tr.iter().filter(|t| t["action"] == "alloc").map(|t| u(&t["stream"])).find(|&s| s != 0 && !named.contains(&s))
-        })
+        .and_then(|(_, tr)| tr.iter().filter(|t| t["action"] == "alloc").map(|t| u(&t["stream"])).find(|&s| s != 0 && !named.contains(&s)))
         .expect("a graph case's trace shows its capture stream")
 }
 
@@ -651,11 +641,9 @@ fn run_case(case: &Value, use_parser: bool) -> Outcome {
     let mut out: Vec<String> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
 
-
     // --- configuration -------------------------------------------------------------------
     let env = &case["env"];
-    let conf =
-        env.get("PYTORCH_CUDA_ALLOC_CONF").or_else(|| env.get("PYTORCH_ALLOC_CONF")).and_then(|v| v.as_str()).unwrap_or("").to_string();
+    let conf = env.get("PYTORCH_CUDA_ALLOC_CONF").or_else(|| env.get("PYTORCH_ALLOC_CONF")).and_then(|v| v.as_str()).unwrap_or("").to_string();
     let config_error = events.iter().find_map(|ev| ev.get("exception")?.as_str()?.strip_prefix("ValueError: ").map(str::to_string));
     if !use_parser && config_error.is_some() {
         return Outcome::Skip("config-error case: AllocatorConfig::parse rejects every non-empty string".into());
@@ -770,10 +758,7 @@ fn run_case(case: &Value, use_parser: bool) -> Outcome {
                         tags.insert(tag, (id, stream));
                     }
                     (Err(oom), Some(ptr), _) => {
-                        out.push(format!(
-                            "{at}: the real allocator allocated at {ptr:#x} but the model raised OOM: {}",
-                            oom_message(&oom, 0, "")
-                        ));
+                        out.push(format!("{at}: the real allocator allocated at {ptr:#x} but the model raised OOM: {}", oom_message(&oom, 0, "")));
                     }
                     (Err(oom), None, Some(exc)) => {
                         let want = exc.strip_prefix("OutOfMemoryError: ").unwrap_or(exc);
@@ -790,9 +775,7 @@ fn run_case(case: &Value, use_parser: bool) -> Outcome {
                             None => out.push(format!("{at}: cannot parse the recorded OOM message {want:?}")),
                         }
                     }
-                    (r, p, e) => {
-                        out.push(format!("{at}: unexpected combination: model {:?}, recorded ptr {p:?}, exception {e:?}", r.is_ok()))
-                    }
+                    (r, p, e) => out.push(format!("{at}: unexpected combination: model {:?}, recorded ptr {p:?}, exception {e:?}", r.is_ok())),
                 }
             }
             "record_stream" => {
@@ -871,11 +854,7 @@ fn run_case(case: &Value, use_parser: bool) -> Outcome {
                     if let Err(e) = a.config.apply(s) {
                         out.push(format!("{at}: apply({s:?}) failed with {:?}, the real allocator accepted it", e.0));
                     } else if fb.is_ok() && config_key(&expect) != config_key(&a.config) {
-                        out.push(format!(
-                            "{at}: apply({s:?}) gives {} but the spec (§11) says {}",
-                            config_key(&a.config),
-                            config_key(&expect)
-                        ));
+                        out.push(format!("{at}: apply({s:?}) gives {} but the spec (§11) says {}", config_key(&a.config), config_key(&expect)));
                     }
                 } else if let Err(e) = fallback_apply(&mut a.config, s) {
                     return Outcome::Skip(format!("stand-in config parser cannot express {s:?}: {e}"));
@@ -900,10 +879,8 @@ fn run_case(case: &Value, use_parser: bool) -> Outcome {
                 if let Some((_, si, ref skip)) = trace_cmp
                     && si == i
                 {
-                    let keep = |act: &str| {
-                        matches!(act, "segment_alloc" | "segment_free" | "segment_map" | "segment_unmap" | "oom")
-                            && !skip.iter().any(|s| s == act)
-                    };
+                    let keep =
+                        |act: &str| matches!(act, "segment_alloc" | "segment_free" | "segment_map" | "segment_unmap" | "oom") && !skip.iter().any(|s| s == act);
                     let rec: Vec<(String, u64, u64)> = snap["device_traces"][0]
                         .as_array()
                         .unwrap()
@@ -919,13 +896,8 @@ fn run_case(case: &Value, use_parser: bool) -> Outcome {
                     n_trace = rec.len();
                     if rec != mine {
                         let n = rec.iter().zip(&mine).take_while(|(x, y)| x == y).count();
-                        let f =
-                            |v: &[(String, u64, u64)]| v.iter().map(|(k, a, s)| format!("{k}({a:#x},{s})")).collect::<Vec<_>>().join(" ");
-                        out.push(format!(
-                            "{at}: trace segment events differ from entry {n} on\n      recorded: {}\n      model:    {}",
-                            f(&rec),
-                            f(&mine)
-                        ));
+                        let f = |v: &[(String, u64, u64)]| v.iter().map(|(k, a, s)| format!("{k}({a:#x},{s})")).collect::<Vec<_>>().join(" ");
+                        out.push(format!("{at}: trace segment events differ from entry {n} on\n      recorded: {}\n      model:    {}", f(&rec), f(&mine)));
                     }
                 }
             }
@@ -945,10 +917,7 @@ fn run_case(case: &Value, use_parser: bool) -> Outcome {
     if out.len() < MAX_MISMATCHES {
         compare_stats(&format!("[{name}] final_stats"), &case["final_stats"], &a, &mut out);
     }
-    notes.insert(
-        0,
-        format!("{n_states} states, {n_ptrs} ptrs, {n_ooms} OOM messages, {n_snaps} snapshots, {n_trace} trace segment/oom events"),
-    );
+    notes.insert(0, format!("{n_states} states, {n_ptrs} ptrs, {n_ooms} OOM messages, {n_snaps} snapshots, {n_trace} trace segment/oom events"));
     if trace_cmp.is_none() && last_trace(events).is_some() {
         notes.push("trace not compared (history not from the start, not 'all', or the ring wrapped)".into());
     }
@@ -999,13 +968,7 @@ fn probe_cases_match_the_real_allocator() {
     reference::expect_count("probe cases", passed.len() + skipped.len() + known.len() + failed.len(), reference::PROBE_CASES);
     // Every case but the MemPool / CUDA-graph ones runs.
     reference::expect_count("probe cases run", passed.len() + known.len() + failed.len(), EXPRESSIBLE_CASES);
-    println!(
-        "\n=== probe cases: {} passed, {} skipped, {} known failures, {} new failures ===",
-        passed.len(),
-        skipped.len(),
-        known.len(),
-        failed.len()
-    );
+    println!("\n=== probe cases: {} passed, {} skipped, {} known failures, {} new failures ===", passed.len(), skipped.len(), known.len(), failed.len());
     for p in &passed {
         println!("  PASS  {p}");
     }

@@ -165,8 +165,7 @@ struct Placed<'a> {
 /// Places `annotations` (with a `name` and a `stage` of `START`/`END`; others are skipped) among
 /// `trace`'s entries by time (see the module documentation), oldest first.
 fn place<'a>(trace: &[TraceEntry], annotations: &'a [Annotation]) -> Vec<Placed<'a>> {
-    let mut v: Vec<(&'a Annotation, &'a str, bool)> =
-        annotations.iter().filter_map(|a| Some((a, a.name()?, a.is_start()?))).collect();
+    let mut v: Vec<(&'a Annotation, &'a str, bool)> = annotations.iter().filter_map(|a| Some((a, a.name()?, a.is_start()?))).collect();
     v.sort_by_key(|(a, _, _)| a.time_us);
     let mut j = 0usize;
     v.into_iter()
@@ -197,14 +196,7 @@ impl Builder<'_> {
     }
 
     fn span(&self, start: u32, end: u32, start_us: i64, end_us: i64) -> Span {
-        Span {
-            start_entry: start,
-            end_entry: end,
-            request_start: self.requests_before(start),
-            request_end: self.requests_before(end),
-            start_us,
-            end_us,
-        }
+        Span { start_entry: start, end_entry: end, request_start: self.requests_before(start), request_end: self.requests_before(end), start_us, end_us }
     }
 
     /// Iterations from boundary positions (each the end of an iteration), with their times.
@@ -476,10 +468,7 @@ fn pattern(requests: &[Request], live: &[i64]) -> Option<(Vec<u32>, u64, u64)> {
     ks.sort_unstable();
     ks.into_iter().find_map(|k| {
         // Of those that come k times, the earliest in each repetition.
-        let (_, p) = candidates
-            .iter()
-            .filter(|(_, p)| p.len() == k)
-            .min_by_key(|(s, p)| (p.iter().map(|&x| x as u64).sum::<u64>(), *s))?;
+        let (_, p) = candidates.iter().filter(|(_, p)| p.len() == k).min_by_key(|(s, p)| (p.iter().map(|&x| x as u64).sum::<u64>(), *s))?;
         // The iterations must be alike: most of their requests (after the first iteration) have
         // a signature that comes in at least half of them.
         let iteration_of = |q: u32| p.partition_point(|&s| s <= q);
@@ -569,7 +558,13 @@ mod tests {
         let names: Vec<(&str, u32, Option<usize>)> = l.regions.iter().map(|r| (r.name.as_str(), r.span.start_entry, r.iteration)).collect();
         assert_eq!(
             names,
-            [("forward", 0, Some(0)), ("backward", 2, Some(0)), ("Optimizer.step#AdamW.step", 3, Some(0)), ("forward", 5, Some(1)), ("Optimizer.step#AdamW.step", 7, Some(1))]
+            [
+                ("forward", 0, Some(0)),
+                ("backward", 2, Some(0)),
+                ("Optimizer.step#AdamW.step", 3, Some(0)),
+                ("forward", 5, Some(1)),
+                ("Optimizer.step#AdamW.step", 7, Some(1))
+            ]
         );
         assert_eq!(l.iteration_of_request(3), Some(0));
         assert_eq!(l.iteration_of_request(4), Some(1));

@@ -100,10 +100,7 @@ pub struct Phases {
 impl Phases {
     /// The iteration holding request `req`.
     pub fn iteration_of_request(&self, req: u32) -> Option<usize> {
-        self.iterations
-            .iter()
-            .find(|it| it.peaks.first_request.is_some_and(|f| f <= req) && it.peaks.last_request.is_some_and(|l| req <= l))
-            .map(|it| it.index)
+        self.iterations.iter().find(|it| it.peaks.first_request.is_some_and(|f| f <= req) && it.peaks.last_request.is_some_and(|l| req <= l)).map(|it| it.index)
     }
 }
 
@@ -201,10 +198,16 @@ pub fn measure(prepared: &Prepared, layout: &Layout, config: &AllocatorConfig, c
     // The limits every command replays under: `capacity` when given, else the trace's own budget.
     let opts = prepared.options(config, &prepared.limits(capacity), placement.clone());
     let flags = &prepared.empty_cache;
-    let outcome = replay_observed(program, &opts, SimDevice::new(prepared.device_memory, placement.clone()), |_, oi| flags.get(oi).copied().unwrap_or(false), |a, oi| {
-        let s = &a.stats;
-        sweep.step(oi, (s.allocated_bytes.all().current as u64, s.reserved_bytes.all().current as u64));
-    });
+    let outcome = replay_observed(
+        program,
+        &opts,
+        SimDevice::new(prepared.device_memory, placement.clone()),
+        |_, oi| flags.get(oi).copied().unwrap_or(false),
+        |a, oi| {
+            let s = &a.stats;
+            sweep.step(oi, (s.allocated_bytes.all().current as u64, s.reserved_bytes.all().current as u64));
+        },
+    );
     let windows = sweep.finish();
     let request_of = |op: Option<usize>| match op.map(|o| program.ops[o]) {
         Some(Op::Malloc(q)) => Some(q),
@@ -212,12 +215,8 @@ pub fn measure(prepared: &Prepared, layout: &Layout, config: &AllocatorConfig, c
     };
     let time_of = |q: u32| prepared.trace.get(program.requests[q as usize].trace_index as usize).map(|e| e.time_us);
     // Segment growth and OOMs by request, for counting per request range.
-    let grow: Vec<(u32, u64)> = outcome
-        .segment_events
-        .iter()
-        .filter(|e| matches!(e.action, "segment_alloc" | "segment_map"))
-        .map(|e| (e.request, e.size))
-        .collect();
+    let grow: Vec<(u32, u64)> =
+        outcome.segment_events.iter().filter(|e| matches!(e.action, "segment_alloc" | "segment_map")).map(|e| (e.request, e.size)).collect();
     let ooms: Vec<u32> = outcome.ooms.iter().map(|o| o.request).collect();
     let peaks = |w: &Window, s: &Span| -> Peaks {
         let g = &grow[grow.partition_point(|g| g.0 < s.request_start)..grow.partition_point(|g| g.0 < s.request_end)];
@@ -247,17 +246,15 @@ pub fn measure(prepared: &Prepared, layout: &Layout, config: &AllocatorConfig, c
         .iterations
         .iter()
         .zip(&windows[..n_it])
-        .map(|(it, w)| {
-            Iteration {
-                index: it.index,
-                complete: it.complete,
-                peaks: peaks(w, &it.span),
-                delta_peak_allocated: None,
-                delta_peak_reserved: None,
-                live_at_peak: Vec::new(),
-                global_peak: false,
-                global_peak_reserved: false,
-            }
+        .map(|(it, w)| Iteration {
+            index: it.index,
+            complete: it.complete,
+            peaks: peaks(w, &it.span),
+            delta_peak_allocated: None,
+            delta_peak_reserved: None,
+            live_at_peak: Vec::new(),
+            global_peak: false,
+            global_peak_reserved: false,
         })
         .collect();
     for i in 1..iterations.len() {
@@ -287,15 +284,13 @@ pub fn measure(prepared: &Prepared, layout: &Layout, config: &AllocatorConfig, c
         .regions
         .iter()
         .zip(&windows[n_it..])
-        .map(|(r, w)| {
-            Region {
-                name: r.name.clone(),
-                iteration: r.iteration,
-                depth: r.depth,
-                peaks: peaks(w, &r.span),
-                open_start: r.open_start,
-                open_end: r.open_end,
-            }
+        .map(|(r, w)| Region {
+            name: r.name.clone(),
+            iteration: r.iteration,
+            depth: r.depth,
+            peaks: peaks(w, &r.span),
+            open_start: r.open_start,
+            open_end: r.open_end,
         })
         .collect();
     let s = &outcome.stats;
@@ -331,43 +326,46 @@ fn live_sites_at(prepared: &Prepared, opts: &ReplayOptions, first: &ReplayOutcom
     let mut owner: HashMap<u64, u32> = HashMap::new();
     let mut site_of: HashMap<StackId, String> = HashMap::new();
     let flags = &prepared.empty_cache;
-    replay_observed(program, opts, SimDevice::new(prepared.device_memory, opts.placement.clone()), |_, oi| flags.get(oi).copied().unwrap_or(false), |a, oi| {
-        match program.ops[oi] {
-            Op::Malloc(q) => {
-                if let Some(addr) = first.addresses.get(q as usize).copied().flatten() {
-                    owner.insert(addr, q);
+    replay_observed(
+        program,
+        opts,
+        SimDevice::new(prepared.device_memory, opts.placement.clone()),
+        |_, oi| flags.get(oi).copied().unwrap_or(false),
+        |a, oi| {
+            match program.ops[oi] {
+                Op::Malloc(q) => {
+                    if let Some(addr) = first.addresses.get(q as usize).copied().flatten() {
+                        owner.insert(addr, q);
+                    }
                 }
+                Op::Free { req, .. } => {
+                    if let Some(addr) = first.addresses.get(req as usize).copied().flatten() {
+                        owner.remove(&addr);
+                    }
+                }
+                _ => {}
             }
-            Op::Free { req, .. } => {
-                if let Some(addr) = first.addresses.get(req as usize).copied().flatten() {
-                    owner.remove(&addr);
-                }
+            let Some(its) = wanted.get(&oi) else { return };
+            let mut by: HashMap<String, (u32, u64)> = HashMap::new();
+            for (_, b) in a.live_blocks().filter(|(_, b)| b.allocated) {
+                let site = match owner.get(&b.ptr) {
+                    Some(&q) => {
+                        let stack = program.requests[q as usize].stack;
+                        site_of.entry(stack).or_insert_with(|| prepared.call_site(q).unwrap_or_else(|| "(no stack recorded)".to_string())).clone()
+                    }
+                    None => "(allocated before the trace)".to_string(),
+                };
+                let e = by.entry(site).or_default();
+                e.0 += 1;
+                e.1 += b.size;
             }
-            _ => {}
-        }
-        let Some(its) = wanted.get(&oi) else { return };
-        let mut by: HashMap<String, (u32, u64)> = HashMap::new();
-        for (_, b) in a.live_blocks().filter(|(_, b)| b.allocated) {
-            let site = match owner.get(&b.ptr) {
-                Some(&q) => {
-                    let stack = program.requests[q as usize].stack;
-                    site_of
-                        .entry(stack)
-                        .or_insert_with(|| prepared.call_site(q).unwrap_or_else(|| "(no stack recorded)".to_string()))
-                        .clone()
-                }
-                None => "(allocated before the trace)".to_string(),
-            };
-            let e = by.entry(site).or_default();
-            e.0 += 1;
-            e.1 += b.size;
-        }
-        let mut v: Vec<SiteBytes> = by.into_iter().map(|(call_site, (blocks, bytes))| SiteBytes { call_site, blocks, bytes }).collect();
-        v.sort_by(|x, y| y.bytes.cmp(&x.bytes).then_with(|| x.call_site.cmp(&y.call_site)));
-        v.truncate(top);
-        for &i in its {
-            out[i] = v.clone();
-        }
-    });
+            let mut v: Vec<SiteBytes> = by.into_iter().map(|(call_site, (blocks, bytes))| SiteBytes { call_site, blocks, bytes }).collect();
+            v.sort_by(|x, y| y.bytes.cmp(&x.bytes).then_with(|| x.call_site.cmp(&y.call_site)));
+            v.truncate(top);
+            for &i in its {
+                out[i] = v.clone();
+            }
+        },
+    );
     out
 }

@@ -255,9 +255,8 @@ pub fn compare_runs(paths: &[PathBuf], spec: &RankSpec) -> Ranks {
 pub fn rank(mut rows: Vec<RunRow>, spike_ratio: f64) -> Ranks {
     let ok = |r: &&RunRow| r.error.is_none();
     let n_it = rows.iter().filter(ok).map(|r| r.iteration_peaks.len()).max().unwrap_or(0);
-    let medians: Vec<u64> = (0..n_it)
-        .map(|i| median(rows.iter().filter(ok).filter_map(|r| r.iteration_peaks.get(i).copied()).collect()).unwrap_or(0))
-        .collect();
+    let medians: Vec<u64> =
+        (0..n_it).map(|i| median(rows.iter().filter(ok).filter_map(|r| r.iteration_peaks.get(i).copied()).collect()).unwrap_or(0)).collect();
     for r in rows.iter_mut().filter(|r| r.error.is_none()) {
         r.vs_median = r.iteration_peaks.iter().zip(&medians).map(|(&p, &m)| if m > 0 { p as f64 / m as f64 } else { 1.0 }).collect();
     }
@@ -268,11 +267,12 @@ pub fn rank(mut rows: Vec<RunRow>, spike_ratio: f64) -> Ranks {
         .min_by_key(|(r, _)| r.first_oom_us.unwrap_or(i64::MAX))
         .map(|(r, q)| FirstOom { file: r.file.clone(), request: Some(q), time_us: r.first_oom_us, recorded: false })
         .or_else(|| {
-            rows.iter()
-                .filter(ok)
-                .filter(|r| r.recorded_ooms > 0)
-                .min_by_key(|r| r.first_recorded_oom_us.unwrap_or(i64::MAX))
-                .map(|r| FirstOom { file: r.file.clone(), request: None, time_us: r.first_recorded_oom_us, recorded: true })
+            rows.iter().filter(ok).filter(|r| r.recorded_ooms > 0).min_by_key(|r| r.first_recorded_oom_us.unwrap_or(i64::MAX)).map(|r| FirstOom {
+                file: r.file.clone(),
+                request: None,
+                time_us: r.first_recorded_oom_us,
+                recorded: true,
+            })
         });
     let mut first_spike: Option<Spike> = None;
     'its: for (i, &m) in medians.iter().enumerate() {

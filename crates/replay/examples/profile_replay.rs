@@ -12,7 +12,10 @@ fn main() {
     let p = Prepared::new(&snap, None, 150_109_880_320, None).unwrap();
     let cfg = AllocatorConfig::parse(args.get(2).map(|s| s.as_str()).unwrap_or("")).unwrap();
     let n: usize = args.get(3).map(|s| s.parse().unwrap()).unwrap_or(50);
-    if std::env::var("SIZES").is_ok() { sizes(&p); return; }
+    if std::env::var("SIZES").is_ok() {
+        sizes(&p);
+        return;
+    }
     let pl = p.recorded_placement();
     let t = std::time::Instant::now();
     let mut x = 0;
@@ -27,23 +30,24 @@ fn main() {
 #[allow(dead_code)]
 fn sizes(p: &Prepared) {
     use allocsim_replay::replay::{EmptyCacheCalls, ReplayOptions, replay_observed};
-    let opts = ReplayOptions {
-        config: p.own.clone(),
-        capacity: None,
-        device_memory: p.device_memory,
-        placement: p.recorded_placement(),
-        outside: Default::default(),
-    };
+    let opts =
+        ReplayOptions { config: p.own.clone(), capacity: None, device_memory: p.device_memory, placement: p.recorded_placement(), outside: Default::default() };
     let dev = allocsim_model::SimDevice::new(opts.device_memory, opts.placement.clone());
     let mut hist = std::collections::BTreeMap::new();
     let flags = EmptyCacheCalls::Given(&p.empty_cache);
     let _ = flags;
-    replay_observed(&p.program, &opts, dev, |_, i| p.empty_cache[i], |a, i| {
-        if i % 97 == 0 {
-            let l = a.pools[0].blocks.len();
-            let s = a.pools[1].blocks.len();
-            *hist.entry((l / 64, s / 64)).or_insert(0) += 1;
-        }
-    });
+    replay_observed(
+        &p.program,
+        &opts,
+        dev,
+        |_, i| p.empty_cache[i],
+        |a, i| {
+            if i % 97 == 0 {
+                let l = a.pools[0].blocks.len();
+                let s = a.pools[1].blocks.len();
+                *hist.entry((l / 64, s / 64)).or_insert(0) += 1;
+            }
+        },
+    );
     eprintln!("(large/64, small/64) -> samples: {hist:?}");
 }

@@ -60,8 +60,8 @@ use allocsim_trace::{Action, SnapshotSegment, StackId, TraceEntry};
 
 use crate::program::{Op, Program};
 use crate::replay::{
-    EmptyCacheCalls, Inference, OutsideMemory, ProgramAhead, ProgramReplay, ReplayOptions, ReplayOutcome, SegmentEvent, Slots, Stepper, VecSlots, empty_cache_calls,
-    replay,
+    EmptyCacheCalls, Inference, OutsideMemory, ProgramAhead, ProgramReplay, ReplayOptions, ReplayOutcome, SegmentEvent, Slots, Stepper, VecSlots,
+    empty_cache_calls, replay,
 };
 
 /// What kind of limit the trace shows.
@@ -209,9 +209,8 @@ pub fn shows_malloc_retries(snap: &allocsim_trace::Snapshot) -> bool {
 /// do, only the entries' stacks tell, and a stream of entries does not keep them.
 pub fn segment_events_allow_retries(segment_entries: &[Vec<TraceEntry>]) -> bool {
     segment_entries.iter().any(|t| {
-        t.windows(2).any(|w| {
-            matches!(w[0].action, Action::SegmentFree | Action::SegmentUnmap) && matches!(w[1].action, Action::SegmentAlloc | Action::SegmentMap)
-        })
+        t.windows(2)
+            .any(|w| matches!(w[0].action, Action::SegmentFree | Action::SegmentUnmap) && matches!(w[1].action, Action::SegmentAlloc | Action::SegmentMap))
     })
 }
 
@@ -554,17 +553,17 @@ pub fn infer_device_memory(trace: &[TraceEntry], segments: &[SnapshotSegment], l
     }
 }
 
-/// The recorded segment events (request, action, address, size) and the requests recorded as
-/// OOMs, in order.
-pub fn recorded_events(trace: &[TraceEntry]) -> (Vec<(u32, &'static str, u64, u64)>, Vec<u32>) {
+/// A recorded segment event: (request, action, address, size).
+pub type RecordedEvent = (u32, &'static str, u64, u64);
+
+/// The recorded segment events and the requests recorded as OOMs, in order.
+pub fn recorded_events(trace: &[TraceEntry]) -> (Vec<RecordedEvent>, Vec<u32>) {
     let mut events = Vec::new();
     let mut ooms = Vec::new();
     let mut req = 0u32;
     for e in trace {
         match e.action {
-            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => {
-                events.push((req, e.action.as_str(), e.addr, e.size))
-            }
+            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => events.push((req, e.action.as_str(), e.addr, e.size)),
             Action::Alloc => req += 1,
             Action::Oom => {
                 ooms.push(req);
@@ -878,7 +877,14 @@ pub fn infer(
 /// then its refinement narrows nothing and its replay under that value is `outcome`. `None`
 /// otherwise (device-full OOMs, bounds that contradict one another, a comparison that flips
 /// within them, another value picked): only [`infer`] answers.
-pub fn speculated(trace: &[TraceEntry], own: &AllocatorConfig, device_memory: DeviceMemory, tried: u64, checks: &[u64], outcome: &ReplayOutcome) -> Option<Budget> {
+pub fn speculated(
+    trace: &[TraceEntry],
+    own: &AllocatorConfig,
+    device_memory: DeviceMemory,
+    tried: u64,
+    checks: &[u64],
+    outcome: &ReplayOutcome,
+) -> Option<Budget> {
     let d = device_memory.bytes;
     let mut walker = Walker::new(own, d);
     trace.iter().for_each(|e| walker.push(e));
@@ -914,7 +920,13 @@ fn walked_with(w: &Walk, device_memory: DeviceMemory, retries: bool) -> Budget {
             .retries
             .found
             .iter()
-            .map(|r| DeviceFullOom { request: r.request, device_free: 0, reserved: r.available, available: r.available, outside: d.saturating_sub(r.available) })
+            .map(|r| DeviceFullOom {
+                request: r.request,
+                device_free: 0,
+                reserved: r.available,
+                available: r.available,
+                outside: d.saturating_sub(r.available),
+            })
             .collect();
         budget.outside = outside_schedule(&points, &grew, d);
         budget.retries = w.retries.found.clone();
@@ -1224,7 +1236,15 @@ fn trial(st: &Stepper<SimDevice, VecSlots>, inference: &Inference, program: &Pro
 }
 
 /// Ops `i..=m` (a group, ending in a malloc) on `st` under maximum `x`: the malloc's address.
-fn run_group<S: Slots>(st: &mut Stepper<SimDevice, S>, inference: &mut Inference, program: &Program, trace: &[TraceEntry], i: usize, m: usize, x: u64) -> Option<u64> {
+fn run_group<S: Slots>(
+    st: &mut Stepper<SimDevice, S>,
+    inference: &mut Inference,
+    program: &Program,
+    trace: &[TraceEntry],
+    i: usize,
+    m: usize,
+    x: u64,
+) -> Option<u64> {
     st.alloc.allowed_memory_maximum = Some(x);
     (i..=m).map(|j| step_op(st, inference, program, trace, j)).last().and_then(|s| s.address)
 }

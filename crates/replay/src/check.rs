@@ -86,12 +86,7 @@ impl LiveBlocks {
                         device,
                         index,
                         action: e.action.as_str(),
-                        msg: format!(
-                            "{} bytes at {:#x} overlap a block the trace allocated and has not freed ({} bytes at {b:#x})",
-                            e.size,
-                            e.addr,
-                            b_end - b
-                        ),
+                        msg: format!("{} bytes at {:#x} overlap a block the trace allocated and has not freed ({} bytes at {b:#x})", e.size, e.addr, b_end - b),
                     });
                 }
                 self.live.insert(e.addr, end);

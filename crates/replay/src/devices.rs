@@ -156,10 +156,7 @@ pub fn choose_device(snap: &Snapshot) -> Result<DeviceChoice, RunError> {
     let all: Vec<DeviceFacts> = devices_named(snap)?.into_iter().map(|d| device_facts(snap, d)).collect();
     let with_entries: Vec<DeviceFacts> = all.iter().filter(|f| f.entries > 0).cloned().collect();
     if !with_entries.is_empty() {
-        let best = with_entries
-            .iter()
-            .min_by_key(|f| (std::cmp::Reverse(f.ooms), std::cmp::Reverse(f.peak_reserved), f.device))
-            .expect("non-empty");
+        let best = with_entries.iter().min_by_key(|f| (std::cmp::Reverse(f.ooms), std::cmp::Reverse(f.peak_reserved), f.device)).expect("non-empty");
         let reason = if with_entries.len() == 1 {
             DeviceReason::Only
         } else if best.ooms > 0 {
@@ -196,9 +193,7 @@ impl DeviceChoice {
     /// The choice in words, for a first line of output: `None` when there was no choice to make
     /// (one device, or `--device` given).
     pub fn describe(&self) -> Option<String> {
-        let others = |f: &dyn Fn(&DeviceFacts) -> String| {
-            self.candidates.iter().filter(|c| c.device != self.device).map(f).collect::<Vec<_>>().join(", ")
-        };
+        let others = |f: &dyn Fn(&DeviceFacts) -> String| self.candidates.iter().filter(|c| c.device != self.device).map(f).collect::<Vec<_>>().join(", ");
         let me = self.candidates.iter().find(|c| c.device == self.device)?;
         let gib = |b: u64| format_size(b);
         let text = match self.reason {
@@ -222,7 +217,11 @@ impl DeviceChoice {
                 "device {}: no device recorded any trace entry, and it holds the snapshot's segments ({} reserved{})",
                 self.device,
                 gib(me.reserved_at_end),
-                if self.candidates.len() > 1 { format!("; {}", others(&|c| format!("device {}: {}", c.device, gib(c.reserved_at_end)))) } else { String::new() }
+                if self.candidates.len() > 1 {
+                    format!("; {}", others(&|c| format!("device {}: {}", c.device, gib(c.reserved_at_end))))
+                } else {
+                    String::new()
+                }
             ),
         };
         Some(format!("{text}; --device N answers for another"))

@@ -3,11 +3,11 @@
 //! stream of entries, in memory bounded by the live set: [`stream`]), and checks a replay against
 //! its recording ([`validate`]).
 pub mod budget;
+pub mod check;
+pub mod devices;
 pub mod live;
 pub mod oom;
 pub mod pools;
-pub mod check;
-pub mod devices;
 pub mod program;
 pub mod replay;
 pub mod restore;
@@ -18,8 +18,8 @@ pub mod stream;
 pub mod validate;
 pub mod version;
 
-pub use program::{Op, PoolAction, Program, Request};
 pub use budget::{Budget, BudgetKind};
+pub use program::{Op, PoolAction, Program, Request};
 pub use replay::{EmptyCacheCalls, OutsideMemory, ReplayOptions, ReplayOutcome, plausible_placements, recorded_placement, replay, replay_observed, replay_on};
 pub use run::{Prepared, ReplaySpec, ReplaySummary, Replayed, RunError, recorded_config, run};
 pub use validate::{Validation, validate};

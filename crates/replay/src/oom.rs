@@ -68,14 +68,7 @@ pub fn outside_memory_from_ooms(trace: &[TraceEntry], device_memory: u64) -> Opt
 /// At a recorded OOM under other settings, the recorded value corrected by the difference in
 /// reserved memory. Elsewhere, the device minus the memory outside the allocator (from the trace's
 /// OOMs, else a measured default) minus what the model reserved.
-pub fn device_free_estimate(
-    trace: &[TraceEntry],
-    req: &Request,
-    oom: &OutOfMemory,
-    own_settings: bool,
-    device_memory: u64,
-    simulated_outside: bool,
-) -> u64 {
+pub fn device_free_estimate(trace: &[TraceEntry], req: &Request, oom: &OutOfMemory, own_settings: bool, device_memory: u64, simulated_outside: bool) -> u64 {
     device_free_with(
         req,
         oom,

@@ -130,7 +130,14 @@ fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: 
                     let i = all.len() as u32;
                     live.push(i);
                     mapped.insert(i, e.size);
-                    all.push(Instance { created: req, released: u32::MAX, lo: e.addr, hi: e.addr.saturating_add(reservation), final_pool: None, malloced: false });
+                    all.push(Instance {
+                        created: req,
+                        released: u32::MAX,
+                        lo: e.addr,
+                        hi: e.addr.saturating_add(reservation),
+                        final_pool: None,
+                        malloced: false,
+                    });
                 }
             },
             Action::SegmentFree => {
@@ -538,11 +545,8 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
             // Trailing private segments of a release run: destructors after it, where that fits better.
             for (oi, op) in program.ops.iter().enumerate() {
                 let Op::ReleaseRun { start, end } = *op else { continue };
-                let last_private = (start..end)
-                    .rev()
-                    .next()
-                    .and_then(|ti| inst.of_release.get(&ti))
-                    .is_some_and(|&i| matches!(plan.labels[i as usize], Label::Pool(_)));
+                let last_private =
+                    (start..end).next_back().and_then(|ti| inst.of_release.get(&ti)).is_some_and(|&i| matches!(plan.labels[i as usize], Label::Pool(_)));
                 if !last_private || trials >= max_trials {
                     continue;
                 }
@@ -625,7 +629,7 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
                 }
             }
         }
-    (plan, best_p, best, trials)
+        (plan, best_p, best, trials)
     };
     // With and without following equal readings further: the one that reproduces the trace
     // further, else the one found by looking ahead (its pools are the more plausible).
@@ -646,8 +650,8 @@ pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSe
     } else {
         let (seeded, seed_trials) = seed_from_releases(start.clone(), program, trace, &inst, &run, max_trials);
         let (plan_c, p_c, s_c, t_c) = search(true, &seeded, seed_trials);
-        let better = (s_c.0, s_c.1, s_c.2) > (best.0, best.1, best.2)
-            || ((s_c.0, s_c.1, s_c.2) == (best.0, best.1, best.2) && pools_used(&plan_c) < pools_used(&plan));
+        let better =
+            (s_c.0, s_c.1, s_c.2) > (best.0, best.1, best.2) || ((s_c.0, s_c.1, s_c.2) == (best.0, best.1, best.2) && pools_used(&plan_c) < pools_used(&plan));
         debug(|| format!("seeded search: {s_c:?} with {} pools; unseeded {best:?} with {}", pools_used(&plan_c), pools_used(&plan)));
         if better { (plan_c, p_c, s_c, trials + t_c) } else { (plan, best_p, best, trials + t_c) }
     };
@@ -702,113 +706,115 @@ fn seed_from_releases(
     // Runs later in the trace can decide segments made before an earlier run's divergence (a pool
     // released only at the end), so the runs are tried again until no run changes.
     for _pass in 0..3 {
-    let before = plan.labels.clone();
-    let mut done: Vec<bool> = vec![false; inst.all.len()];
-    for op in &program.ops {
-        let Op::ReleaseRun { start, end } = *op else { continue };
-        // The run's segments in release order, with their keys.
-        let mut seq: Vec<(u32, (bool, u64, u64, u64))> = Vec::new();
-        for ti in start..end {
-            let Some(&i) = inst.of_release.get(&ti) else { continue };
-            if done[i as usize] || inst.all[i as usize].final_pool.is_some() || seq.iter().any(|x| x.0 == i) {
+        let before = plan.labels.clone();
+        let mut done: Vec<bool> = vec![false; inst.all.len()];
+        for op in &program.ops {
+            let Op::ReleaseRun { start, end } = *op else { continue };
+            // The run's segments in release order, with their keys.
+            let mut seq: Vec<(u32, (bool, u64, u64, u64))> = Vec::new();
+            for ti in start..end {
+                let Some(&i) = inst.of_release.get(&ti) else { continue };
+                if done[i as usize] || inst.all[i as usize].final_pool.is_some() || seq.iter().any(|x| x.0 == i) {
+                    continue;
+                }
+                let e = &trace[ti as usize];
+                seq.push((i, (e.size == allocsim_model::constants::K_SMALL_BUFFER, e.stream, e.size, e.addr)));
+            }
+            if seq.is_empty() {
                 continue;
             }
-            let e = &trace[ti as usize];
-            seq.push((i, (e.size == allocsim_model::constants::K_SMALL_BUFFER, e.stream, e.size, e.addr)));
-        }
-        if seq.is_empty() {
-            continue;
-        }
-        // Ascending pieces of one size class.
-        let mut pieces: Vec<(bool, Vec<u32>)> = Vec::new();
-        let mut last: Option<(bool, u64, u64, u64)> = None;
-        for &(i, k) in &seq {
-            match (pieces.last_mut(), last) {
-                (Some(p), Some(l)) if l.0 == k.0 && (l.1, l.2, l.3) < (k.1, k.2, k.3) => p.1.push(i),
-                _ => pieces.push((k.0, vec![i])),
+            // Ascending pieces of one size class.
+            let mut pieces: Vec<(bool, Vec<u32>)> = Vec::new();
+            let mut last: Option<(bool, u64, u64, u64)> = None;
+            for &(i, k) in &seq {
+                match (pieces.last_mut(), last) {
+                    (Some(p), Some(l)) if l.0 == k.0 && (l.1, l.2, l.3) < (k.1, k.2, k.3) => p.1.push(i),
+                    _ => pieces.push((k.0, vec![i])),
+                }
+                last = Some(k);
             }
-            last = Some(k);
-        }
-        // How many trailing pieces fit `empty_cache()`'s order: large, then small.
-        let n = pieces.len();
-        let mut tails = vec![0];
-        if pieces[n - 1].0 {
-            tails.push(1);
-            if n >= 2 && !pieces[n - 2].0 {
-                tails.push(2);
+            // How many trailing pieces fit `empty_cache()`'s order: large, then small.
+            let n = pieces.len();
+            let mut tails = vec![0];
+            if pieces[n - 1].0 {
+                tails.push(1);
+                if n >= 2 && !pieces[n - 2].0 {
+                    tails.push(2);
+                }
+            } else {
+                tails.push(1);
             }
-        } else {
-            tails.push(1);
-        }
-        // How many leading pieces fit `empty_cache()` before the freeable pools and destructors
-        // after it: the default pools' large, then small.
-        let mut heads = Vec::new();
-        if n >= 2 && !pieces[0].0 && pieces[1].0 {
-            heads.push(2);
-        }
-        if n >= 2 {
-            heads.push(1);
-        }
-        let mut options: Vec<Vec<Label>> = vec![vec![Label::Default; n]];
-        let splits = tails.iter().map(|&t| (0, t)).chain(heads.iter().map(|&h| (h, 0)));
-        for (h, t) in splits {
-            let mut labels = vec![Label::Default; n];
-            let mut g = plan.groups.len() as u32;
-            let mut k = h;
-            while k < n - t {
-                labels[k] = Label::Pool(g);
-                if pieces[k].0 && k + 1 < n - t && !pieces[k + 1].0 {
-                    labels[k + 1] = Label::Pool(g);
+            // How many leading pieces fit `empty_cache()` before the freeable pools and destructors
+            // after it: the default pools' large, then small.
+            let mut heads = Vec::new();
+            if n >= 2 && !pieces[0].0 && pieces[1].0 {
+                heads.push(2);
+            }
+            if n >= 2 {
+                heads.push(1);
+            }
+            let mut options: Vec<Vec<Label>> = vec![vec![Label::Default; n]];
+            let splits = tails.iter().map(|&t| (0, t)).chain(heads.iter().map(|&h| (h, 0)));
+            for (h, t) in splits {
+                let mut labels = vec![Label::Default; n];
+                let mut g = plan.groups.len() as u32;
+                let mut k = h;
+                while k < n - t {
+                    labels[k] = Label::Pool(g);
+                    if pieces[k].0 && k + 1 < n - t && !pieces[k + 1].0 {
+                        labels[k + 1] = Label::Pool(g);
+                        k += 1;
+                    }
+                    g += 1;
                     k += 1;
                 }
-                g += 1;
-                k += 1;
+                if !options.contains(&labels) {
+                    options.push(labels);
+                }
             }
-            if !options.contains(&labels) {
-                options.push(labels);
-            }
-        }
-        let current: Vec<Label> = pieces.iter().map(|p| plan.labels[p.1[0] as usize]).collect();
-        let mut chosen: Option<(Plan, Score)> = None;
-        for labels in options {
-            if trials >= max_trials {
-                break;
-            }
-            let mut t = plan.clone();
-            for (p, &l) in pieces.iter().zip(&labels) {
-                if let Label::Pool(g) = l {
-                    while t.groups.len() <= g as usize {
-                        t.groups.push(None);
+            let current: Vec<Label> = pieces.iter().map(|p| plan.labels[p.1[0] as usize]).collect();
+            let mut chosen: Option<(Plan, Score)> = None;
+            for labels in options {
+                if trials >= max_trials {
+                    break;
+                }
+                let mut t = plan.clone();
+                for (p, &l) in pieces.iter().zip(&labels) {
+                    if let Label::Pool(g) = l {
+                        while t.groups.len() <= g as usize {
+                            t.groups.push(None);
+                        }
+                    }
+                    for &i in &p.1 {
+                        t.labels[i as usize] = l;
                     }
                 }
-                for &i in &p.1 {
-                    t.labels[i as usize] = l;
+                if same_reading(&labels, &current)
+                    && let Some(b) = best
+                {
+                    chosen = chosen.or(Some((t, b)));
+                    continue;
+                }
+                let (_, _, sc) = run(&t);
+                trials += 1;
+                debug(|| format!("seed: run {start}..{end}: {labels:?} scores {sc:?}"));
+                if chosen.as_ref().is_none_or(|c| sc > c.1) {
+                    chosen = Some((t, sc));
                 }
             }
-            if same_reading(&labels, &current) && best.is_some() {
-                chosen = chosen.or(Some((t, best.unwrap())));
-                continue;
+            if let Some((t, sc)) = chosen {
+                plan = t;
+                best = Some(sc);
             }
-            let (_, _, sc) = run(&t);
-            trials += 1;
-            debug(|| format!("seed: run {start}..{end}: {labels:?} scores {sc:?}"));
-            if chosen.as_ref().is_none_or(|c| sc > c.1) {
-                chosen = Some((t, sc));
-            }
-        }
-        if let Some((t, sc)) = chosen {
-            plan = t;
-            best = Some(sc);
-        }
-        for p in &pieces {
-            for &i in &p.1 {
-                done[i as usize] = true;
+            for p in &pieces {
+                for &i in &p.1 {
+                    done[i as usize] = true;
+                }
             }
         }
-    }
-    if same_reading(&before, &plan.labels) || trials >= max_trials {
-        break;
-    }
+        if same_reading(&before, &plan.labels) || trials >= max_trials {
+            break;
+        }
     }
     // Drop groups no segment uses.
     let used: Vec<bool> = (0..plan.groups.len() as u32).map(|g| plan.labels.contains(&Label::Pool(g))).collect();
@@ -919,9 +925,8 @@ fn candidates(inst: &Instances, o: &ReplayOutcome, p: &Program, recorded: &[(u32
     };
     // The segment holding `addr` while request `q` ran; for a segment event, the one it made
     // (`created == q`) or released (`released == q`).
-    let holding = |addr: u64, q: u32| {
-        inst.all.iter().enumerate().find(|(_, s)| s.created <= q && s.released > q && addr >= s.lo && addr < s.hi).map(|(i, _)| i as u32)
-    };
+    let holding =
+        |addr: u64, q: u32| inst.all.iter().enumerate().find(|(_, s)| s.created <= q && s.released > q && addr >= s.lo && addr < s.hi).map(|(i, _)| i as u32);
     let event_of = |action: &str, addr: u64, q: u32| {
         let made = matches!(action, "segment_alloc" | "segment_map");
         inst.all

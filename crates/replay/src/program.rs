@@ -374,9 +374,10 @@ impl ProgramBuilder {
                     self.next_request += 1;
                     let route = if e.action == Action::Alloc { self.private.route(e.addr, e.stream, self.segment_allocs) } else { Route::Default };
                     if let Route::Private(id) = route
-                        && !self.private_pools.contains(&id) {
-                            self.private_pools.push(id);
-                        }
+                        && !self.private_pools.contains(&id)
+                    {
+                        self.private_pools.push(id);
+                    }
                     let request = Request {
                         size: e.size,
                         stream: e.stream,
@@ -617,9 +618,10 @@ pub const SYNC_COMPLETION_MIN_US: i64 = 20;
 
 /// Whether any free in the trace completed later than it was requested (`record_stream`).
 fn has_cross_stream_frees(trace: &[TraceEntry]) -> bool {
-    trace.iter().enumerate().any(|(i, e)| {
-        e.action == Action::FreeRequested && trace.get(i + 1).is_none_or(|n| n.action != Action::FreeCompleted || n.addr != e.addr)
-    })
+    trace
+        .iter()
+        .enumerate()
+        .any(|(i, e)| e.action == Action::FreeRequested && trace.get(i + 1).is_none_or(|n| n.action != Action::FreeCompleted || n.addr != e.addr))
 }
 
 /// Whether the entries `after` (those after a free and its completion), past any further

@@ -214,10 +214,8 @@ impl Inference {
         }
         match ahead.op(0) {
             Some(Op::ReleaseRun { .. }) => {
-                let recorded: Vec<&TraceEntry> = (0..mk)
-                    .filter(|&k| matches!(ahead.op(k), Some(Op::ReleaseRun { .. })))
-                    .flat_map(|k| ahead.release_entries(k))
-                    .collect();
+                let recorded: Vec<&TraceEntry> =
+                    (0..mk).filter(|&k| matches!(ahead.op(k), Some(Op::ReleaseRun { .. }))).flat_map(|k| ahead.release_entries(k)).collect();
                 let produced = next_malloc_makes(alloc, &ahead.request(mk), &recorded);
                 if produced {
                     self.inside_malloc = Some(oi + mk);
@@ -274,11 +272,7 @@ pub fn recorded_device_calls(before: &[TraceEntry]) -> Vec<(EventKind, u64, u64)
 /// first `alloc_block` fail; then the malloc is tried with the blocks still pending, and if it
 /// synchronizes and reproduces the recorded segment events (`recorded`) and address, the
 /// completions were its own.
-fn completed_by_next_malloc(
-    alloc: &CachingAllocator<SimDevice>,
-    r: &Request,
-    recorded: impl FnOnce() -> Vec<(EventKind, u64, u64)>,
-) -> bool {
+fn completed_by_next_malloc(alloc: &CachingAllocator<SimDevice>, r: &Request, recorded: impl FnOnce() -> Vec<(EventKind, u64, u64)>) -> bool {
     if alloc.allowed_memory_maximum.is_none() {
         return false;
     }
@@ -293,8 +287,7 @@ fn completed_by_next_malloc(
         Ok(b) => !r.recorded_oom && trial.block(b).ptr == r.recorded_addr,
         Err(_) => r.recorded_oom,
     };
-    let made: Vec<(EventKind, u64, u64)> =
-        trial.events.iter().filter(|e| e.kind != EventKind::Oom).map(|e| (e.kind, e.addr, e.size)).collect();
+    let made: Vec<(EventKind, u64, u64)> = trial.events.iter().filter(|e| e.kind != EventKind::Oom).map(|e| (e.kind, e.addr, e.size)).collect();
     served_as_recorded && made == recorded()
 }
 
@@ -772,12 +765,7 @@ impl<D: Device + Clone> Stepper<D, VecSlots> {
 
 /// Restores `init` into a fresh allocator, segment by segment in address order (the order
 /// [`recorded_placement_from`] lists them in), recording each pre-existing block's handle.
-fn restore<D: Device>(
-    alloc: &mut CachingAllocator<D>,
-    init: &InitialState,
-    pre_blocks: &mut [Option<BlockId>],
-    pre_tokens: &mut [Option<u64>],
-) -> Vec<String> {
+fn restore<D: Device>(alloc: &mut CachingAllocator<D>, init: &InitialState, pre_blocks: &mut [Option<BlockId>], pre_tokens: &mut [Option<u64>]) -> Vec<String> {
     let mut failures = Vec::new();
     for s in &init.segments {
         let route = if s.pool_id == (0, 0) { Route::Default } else { Route::Private(s.pool_id) };

@@ -234,19 +234,23 @@ fn map_range(m: &mut Mapped, a: u64, len: u64, stream: u64) -> bool {
     let mut start = a;
     let mut end = a.saturating_add(len);
     if let Some((_, &(e, _))) = m.range(..end).next_back()
-        && e > a {
-            return false; // overlaps a mapped range
-        }
+        && e > a
+    {
+        return false; // overlaps a mapped range
+    }
     if let Some((&s, &(e, st))) = m.range(..=a).next_back()
-        && e == a && st == stream {
-            m.remove(&s);
-            start = s;
-        }
+        && e == a
+        && st == stream
+    {
+        m.remove(&s);
+        start = s;
+    }
     if let Some(&(e, st)) = m.get(&end)
-        && st == stream {
-            m.remove(&end);
-            end = e;
-        }
+        && st == stream
+    {
+        m.remove(&end);
+        end = e;
+    }
     m.insert(start, (end, stream));
     true
 }
@@ -255,12 +259,7 @@ fn map_range(m: &mut Mapped, a: u64, len: u64, stream: u64) -> bool {
 /// backwards. Empty for a trace that starts with an empty allocator. An error names the first
 /// entry that contradicts the final segments (then the trace and the segments do not belong
 /// together, or entries are missing, e.g. recorded with `skip_actions`).
-pub fn reconstruct(
-    trace: &[TraceEntry],
-    segments: &[SnapshotSegment],
-    config: &AllocatorConfig,
-    device_memory: u64,
-) -> Result<InitialState, String> {
+pub fn reconstruct(trace: &[TraceEntry], segments: &[SnapshotSegment], config: &AllocatorConfig, device_memory: u64) -> Result<InitialState, String> {
     let mut segs: BTreeMap<u64, Seg> = BTreeMap::new();
     let mut mapped: Mapped = BTreeMap::new();
     let mut active = LiveBlocks::default();
@@ -396,11 +395,7 @@ pub fn reconstruct(
             .map(|e| config.round_size(e.size) <= K_SMALL_SIZE);
         let hint = es_hints.iter().filter(|h| h.1 == stream && near(h.0)).min_by_key(|h| dist(h.0));
         let small = odd || served.or(hint.map(|h| h.2)).unwrap_or(false);
-        let pool_id = es_hints
-            .iter()
-            .filter(|h| h.1 == stream && h.2 == small && near(h.0))
-            .min_by_key(|h| dist(h.0))
-            .map_or((0, 0), |h| h.3);
+        let pool_id = es_hints.iter().filter(|h| h.1 == stream && h.2 == small && near(h.0)).min_by_key(|h| dist(h.0)).map_or((0, 0), |h| h.3);
         let page = if small { K_SMALL_BUFFER } else { config.large_segment_size };
         let base = if (lo - lowered[gi]).is_multiple_of(page) { lowered[gi] } else { lo };
         let size = ranges.iter().map(|r| r.1).sum();
@@ -462,8 +457,7 @@ pub fn reconstruct(
                     r
                 } else if let Some((&g, _)) = seen {
                     g - addr
-                } else if room <= r.saturating_add(K_SMALL_SIZE)
-                    || (r >= config.max_split_size && room < r.saturating_add(config.max_non_split_rounding_size))
+                } else if room <= r.saturating_add(K_SMALL_SIZE) || (r >= config.max_split_size && room < r.saturating_add(config.max_non_split_rounding_size))
                 {
                     room
                 } else {

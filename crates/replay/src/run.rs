@@ -5,18 +5,18 @@
 //! requested config; `--addresses-from` and `--placements` choose the device's addresses.
 
 use allocsim_model::AllocatorConfig;
-use allocsim_model::constants::ROUNDUP_INTERVALS;
 use allocsim_model::Placement;
+use allocsim_model::constants::ROUNDUP_INTERVALS;
 use allocsim_trace::{Annotation, EntryMeta, Frame, RecordedSettings, Snapshot, SnapshotSegment, TraceEntry};
 
 use crate::budget::{Budget, DeviceMemory};
 use crate::program::{Program, Request};
+use crate::replay::{EmptyCacheCalls, OutsideMemory, ReplayOptions, ReplayOutcome, plausible_placements_from, recorded_placement_from, replay};
 use crate::restore::InitialState;
 use crate::version::TorchVersion;
-use crate::replay::{EmptyCacheCalls, OutsideMemory, ReplayOptions, ReplayOutcome, plausible_placements_from, recorded_placement_from, replay};
 
 /// What to replay, and how.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct ReplaySpec<'a> {
     /// A `PYTORCH_CUDA_ALLOC_CONF` string; `None`: the settings recorded in the snapshot.
     pub config: Option<String>,
@@ -64,21 +64,6 @@ impl ReplaySpec<'_> {
     /// replaying under the trace's own settings.
     pub fn trace_capacity_for(&self, own: &AllocatorConfig, config: &AllocatorConfig) -> Option<u64> {
         self.trace_capacity.or(if same_settings(config, own) { self.capacity } else { None })
-    }
-}
-
-impl Default for ReplaySpec<'_> {
-    fn default() -> Self {
-        ReplaySpec {
-            config: None,
-            capacity: None,
-            device_memory: None,
-            trace_capacity: None,
-            addresses_from: None,
-            placements: None,
-            device: None,
-            torch_version: None,
-        }
     }
 }
 
@@ -313,9 +298,7 @@ fn recorded_values(s: &RecordedSettings, c: &mut AllocatorConfig) -> Vec<&'stati
     }
     // One entry per interval of 1, 2, 4, … MB (what 2.3+ records), each a power of two or 0.
     let rpd = &s.roundup_power2_divisions;
-    if rpd.len() == ROUNDUP_INTERVALS
-        && rpd.iter().enumerate().all(|(i, &(mb, d))| mb == 1 << i && (d == 0 || d.is_power_of_two()))
-    {
+    if rpd.len() == ROUNDUP_INTERVALS && rpd.iter().enumerate().all(|(i, &(mb, d))| mb == 1 << i && (d == 0 || d.is_power_of_two())) {
         let divs: Vec<u64> = rpd.iter().map(|&(_, d)| d).collect();
         if c.roundup_power2_divisions[..] != divs[..] {
             c.roundup_power2_divisions.copy_from_slice(&divs);
@@ -427,13 +410,8 @@ impl Prepared {
         let device_memory = memory.bytes;
         let mut program = Program::build_with(&trace, &segments, &own, device_memory);
         let placement = recorded_placement_from(&trace, device_memory, program.initial.as_ref());
-        let opts = ReplayOptions {
-            config: own.clone(),
-            capacity: trace_capacity,
-            device_memory,
-            placement: placement.clone(),
-            outside: OutsideMemory::default(),
-        };
+        let opts =
+            ReplayOptions { config: own.clone(), capacity: trace_capacity, device_memory, placement: placement.clone(), outside: OutsideMemory::default() };
         crate::settle::settle_block_sizes(&mut program, &trace, &opts, 32);
         crate::pools::mark_checkpoint_allocations(&mut program, &snap.stacks);
         let infer_budget = |program: &Program| match trace_capacity {
@@ -462,18 +440,18 @@ impl Prepared {
                 None => Some(budget.clone()),
             };
             if let Some(b) = inferred {
-            // Private pools the final segments do not show: infer them (see `crate::pools`).
-            let o = ReplayOptions { capacity: b.capacity(), outside: b.outside.clone(), ..opts.clone() };
-            let mut candidate = program.clone();
-            let inferred = crate::pools::infer(&mut candidate, &trace, &segments, &o);
-            if candidate.requests != program.requests || candidate.pool_actions != program.pool_actions || candidate.ops != program.ops {
-                let (b, outcome) = infer_budget(&candidate);
-                let out = own_replay(&candidate, &b, outcome);
-                program = candidate;
-                budget = b;
-                own_outcome = out;
-            }
-            pools = Some(inferred);
+                // Private pools the final segments do not show: infer them (see `crate::pools`).
+                let o = ReplayOptions { capacity: b.capacity(), outside: b.outside.clone(), ..opts.clone() };
+                let mut candidate = program.clone();
+                let inferred = crate::pools::infer(&mut candidate, &trace, &segments, &o);
+                if candidate.requests != program.requests || candidate.pool_actions != program.pool_actions || candidate.ops != program.ops {
+                    let (b, outcome) = infer_budget(&candidate);
+                    let out = own_replay(&candidate, &b, outcome);
+                    program = candidate;
+                    budget = b;
+                    own_outcome = out;
+                }
+                pools = Some(inferred);
             }
         }
         if budget.kind == Some(crate::budget::BudgetKind::Given) {
@@ -520,13 +498,7 @@ impl Prepared {
 
     /// The options of a replay under `config` and `limits` with `placement`.
     pub fn options(&self, config: &AllocatorConfig, limits: &Limits, placement: Placement) -> ReplayOptions {
-        ReplayOptions {
-            config: config.clone(),
-            capacity: limits.capacity,
-            device_memory: self.device_memory,
-            placement,
-            outside: limits.outside.clone(),
-        }
+        ReplayOptions { config: config.clone(), capacity: limits.capacity, device_memory: self.device_memory, placement, outside: limits.outside.clone() }
     }
 
     /// The trace's own segment addresses.

@@ -22,8 +22,8 @@
 
 use std::collections::BTreeMap;
 
-use allocsim_model::format::format_size;
 use allocsim_model::AllocatorConfig;
+use allocsim_model::format::format_size;
 use allocsim_trace::{Action, TraceEntry};
 
 use crate::budget::Budget;
@@ -76,10 +76,7 @@ fn segment_sizes(trace: &[TraceEntry], own: &AllocatorConfig) -> Vec<String> {
                 {
                     let want = own.get_allocation_size(own.round_size(e.size));
                     if seg != want {
-                        out.push(format!(
-                            "request {req} ({} bytes) got a new segment of {seg} bytes; the recorded settings make {want}",
-                            e.size
-                        ));
+                        out.push(format!("request {req} ({} bytes) got a new segment of {seg} bytes; the recorded settings make {want}", e.size));
                     }
                 }
                 req += 1;

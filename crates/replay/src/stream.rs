@@ -102,11 +102,7 @@ impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for StreamError<E
 /// The stream yields `(device, entry)` in trace order; a read error ends the replay with that
 /// error, which comes before any error about the question or the trace (as when a trace is read
 /// whole first).
-pub fn replay_stream<I, E>(
-    input: &StreamInput<'_>,
-    spec: &ReplaySpec<'_>,
-    open: impl FnMut() -> Result<I, E>,
-) -> Result<Streamed, StreamError<E>>
+pub fn replay_stream<I, E>(input: &StreamInput<'_>, spec: &ReplaySpec<'_>, open: impl FnMut() -> Result<I, E>) -> Result<Streamed, StreamError<E>>
 where
     I: Iterator<Item = Result<(usize, TraceEntry), E>>,
 {
@@ -678,11 +674,7 @@ impl<'c, 'a> Replayer<'c, 'a> {
             Some(d) => vec![d],
             None => {
                 let with_entries: Vec<usize> = (0..self.streams.len()).filter(|&d| self.streams[d].is_some()).collect();
-                if with_entries.is_empty() {
-                    vec![crate::devices::device_with_most_segments(ctx.input.segments).unwrap_or(0)]
-                } else {
-                    with_entries
-                }
+                if with_entries.is_empty() { vec![crate::devices::device_with_most_segments(ctx.input.segments).unwrap_or(0)] } else { with_entries }
             }
         };
         let mut out = Vec::new();
@@ -885,13 +877,8 @@ impl<'a> DeviceStream<'a> {
             None => crate::budget::Budget::none(memory),
         };
         let placement = recorded_placement_from(segment_entries, device_memory, None);
-        let own_options = ReplayOptions {
-            config: ctx.own.clone(),
-            capacity: ctx.trace_capacity,
-            device_memory,
-            placement: placement.clone(),
-            outside: Default::default(),
-        };
+        let own_options =
+            ReplayOptions { config: ctx.own.clone(), capacity: ctx.trace_capacity, device_memory, placement: placement.clone(), outside: Default::default() };
         let options = ReplayOptions {
             config: ctx.config.clone(),
             capacity: ctx.spec.capacity.or(ctx.trace_capacity),
@@ -1088,7 +1075,14 @@ impl<'a> DeviceStream<'a> {
         let mut stepper = self.own.under_maximum(capacity);
         let probe = std::sync::Arc::new(std::sync::Mutex::new(checks));
         stepper.alloc.limit_probe = Some(probe.clone());
-        self.alt = Some(Box::new(Alt { capacity, stepper, inference: self.inference.clone(), probe, oom_requests: self.oom_requests.clone(), compared: self.compared }));
+        self.alt = Some(Box::new(Alt {
+            capacity,
+            stepper,
+            inference: self.inference.clone(),
+            probe,
+            oom_requests: self.oom_requests.clone(),
+            compared: self.compared,
+        }));
     }
 
     /// The own replay becomes the alternative's, under `capacity` (see [`Alt`]): its comparisons
@@ -1130,7 +1124,9 @@ impl<'a> DeviceStream<'a> {
             let ahead = QueueAhead(&self.queue);
             if let Some(a) = &mut self.alt {
                 let inference = &mut a.inference;
-                if a.stepper.step(op, request.as_ref(), |alloc| inference.decide(alloc, oi, &ahead)).oom && let Some(r) = request {
+                if a.stepper.step(op, request.as_ref(), |alloc| inference.decide(alloc, oi, &ahead)).oom
+                    && let Some(r) = request
+                {
                     a.oom_requests.push(r);
                 }
             }
@@ -1191,10 +1187,7 @@ impl<'a> DeviceStream<'a> {
             return Ok((Finished::Fallback(why), seen));
         }
         if !self.empty_start.finish() {
-            let why = format!(
-                "device {}'s final segments hold segments or pages its trace did not allocate: the trace may start mid-history",
-                self.device
-            );
+            let why = format!("device {}'s final segments hold segments or pages its trace did not allocate: the trace may start mid-history", self.device);
             return Ok((Finished::Fallback(why), seen));
         }
         if self.builder.speculated() && seen {
@@ -1207,9 +1200,7 @@ impl<'a> DeviceStream<'a> {
             // The trace's own replay needs its memory budget inferred, which takes the whole trace.
             return Ok((Finished::Fallback(self.needs_budget()), seen));
         }
-        if self.own_settings
-            && private_pool_signature(segment_entries)
-            && crate::budget::first_difference(segment_entries, self.own.segment_events()).is_some()
+        if self.own_settings && private_pool_signature(segment_entries) && crate::budget::first_difference(segment_entries, self.own.segment_events()).is_some()
         {
             // The in-memory replay then searches for private pools (gone before the snapshot, so
             // not in the final segments), which takes the whole trace.
@@ -1217,8 +1208,7 @@ impl<'a> DeviceStream<'a> {
             return Ok((Finished::Fallback(why), seen));
         }
         self.own.complete_held();
-        self.budget.reproduces =
-            crate::budget::made_recorded(&self.recorded_events, &self.recorded_ooms, self.own.segment_events(), self.own.ooms());
+        self.budget.reproduces = crate::budget::made_recorded(&self.recorded_events, &self.recorded_ooms, self.own.segment_events(), self.own.ooms());
         let mut reported = match self.target {
             Some(t) => t,
             None => self.own,

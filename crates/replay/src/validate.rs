@@ -42,9 +42,7 @@ pub fn validate(r: &Replayed) -> Validation {
     let o = &r.outcome;
     let (recorded, recorded_ooms) = crate::budget::recorded_events(&r.trace);
     let sim: Vec<_> = o.segment_events.iter().map(|e| (e.request, e.action, e.addr, e.size)).collect();
-    let show = |x: Option<&(u32, &str, u64, u64)>| {
-        x.map_or("nothing".to_string(), |x| format!("{} of {} bytes at {:#x} (request {})", x.1, x.3, x.2, x.0))
-    };
+    let show = |x: Option<&(u32, &str, u64, u64)>| x.map_or("nothing".to_string(), |x| format!("{} of {} bytes at {:#x} (request {})", x.1, x.3, x.2, x.0));
     let matched = recorded.iter().zip(&sim).take_while(|(a, b)| a == b).count();
     let segment_events = Agreement {
         recorded: recorded.len(),
@@ -81,8 +79,7 @@ pub fn validate(r: &Replayed) -> Validation {
         recorded: recorded_ooms.len(),
         simulated: sim_ooms.len(),
         matched: recorded_ooms.iter().filter(|x| sim_ooms.contains(x)).count(),
-        first_divergence: (recorded_ooms != sim_ooms)
-            .then(|| format!("recorded OOMs at requests {recorded_ooms:?}, simulated at {sim_ooms:?}")),
+        first_divergence: (recorded_ooms != sim_ooms).then(|| format!("recorded OOMs at requests {recorded_ooms:?}, simulated at {sim_ooms:?}")),
     };
     let mut alloc_addresses = Agreement::default();
     for (i, q) in r.program.requests.iter().enumerate().filter(|(_, q)| !q.recorded_oom) {
@@ -93,30 +90,16 @@ pub fn validate(r: &Replayed) -> Validation {
         if o.addresses[i] == Some(q.recorded_addr) {
             alloc_addresses.matched += 1;
         } else if alloc_addresses.first_divergence.is_none() {
-            alloc_addresses.first_divergence = Some(format!(
-                "request {i}: recorded {:#x}, simulated {}",
-                q.recorded_addr,
-                o.addresses[i].map_or("OOM".into(), |a| format!("{a:#x}"))
-            ));
+            alloc_addresses.first_divergence =
+                Some(format!("request {i}: recorded {:#x}, simulated {}", q.recorded_addr, o.addresses[i].map_or("OOM".into(), |a| format!("{a:#x}"))));
         }
     }
     let final_segments = compare_final_segments(r);
     let findings = findings(r);
     let exact = segment_events.exact() && ooms.exact() && alloc_addresses.exact() && final_segments.exact() && findings.is_empty();
-    let settings_changed = if exact {
-        Vec::new()
-    } else {
-        crate::settings_change::evidence(&r.trace, &r.options.config, &r.budget, r.rules.settings_note.as_deref())
-    };
-    Validation {
-        exact,
-        settings_changed,
-        findings,
-        segment_events,
-        ooms,
-        alloc_addresses,
-        final_segments,
-    }
+    let settings_changed =
+        if exact { Vec::new() } else { crate::settings_change::evidence(&r.trace, &r.options.config, &r.budget, r.rules.settings_note.as_deref()) };
+    Validation { exact, settings_changed, findings, segment_events, ooms, alloc_addresses, final_segments }
 }
 
 /// What the trace contradicts, as the replay's program found it: its start could not be
@@ -158,8 +141,7 @@ fn compare_final_segments(r: &Replayed) -> Agreement {
             (s.address, s.total_size, blocks)
         })
         .collect();
-    let rec: Vec<SegmentShape> =
-        r.segments.iter().map(|s| (s.address, s.total_size, s.blocks.iter().map(|b| (b.size, b.state)).collect())).collect();
+    let rec: Vec<SegmentShape> = r.segments.iter().map(|s| (s.address, s.total_size, s.blocks.iter().map(|b| (b.size, b.state)).collect())).collect();
     let show = |s: Option<&SegmentShape>| s.map_or("none".to_string(), |s| format!("{:#x} ({} bytes, {} blocks)", s.0, s.1, s.2.len()));
     // Each simulated segment matches one recorded segment at most, so that `matched` counts what
     // was reproduced and is below `recorded` (or `simulated`) whenever they differ.
@@ -206,12 +188,16 @@ fn segment_difference(x: &SegmentShape, y: &SegmentShape) -> String {
     match (x.2.get(k), y.2.get(k)) {
         (Some(a), Some(b)) if a.0 != b.0 => format!(
             "at {:#x} ({} bytes) block {k}'s size differs: recorded {} bytes ({}), simulated {} bytes ({})",
-            x.0, x.1, a.0, state_name(a.1), b.0, state_name(b.1)
+            x.0,
+            x.1,
+            a.0,
+            state_name(a.1),
+            b.0,
+            state_name(b.1)
         ),
-        (Some(a), Some(b)) => format!(
-            "at {:#x} ({} bytes) block {k} ({} bytes)'s state differs: recorded {}, simulated {}",
-            x.0, x.1, a.0, state_name(a.1), state_name(b.1)
-        ),
+        (Some(a), Some(b)) => {
+            format!("at {:#x} ({} bytes) block {k} ({} bytes)'s state differs: recorded {}, simulated {}", x.0, x.1, a.0, state_name(a.1), state_name(b.1))
+        }
         _ => format!("at {:#x} ({} bytes) the number of blocks differs: recorded {}, simulated {}", x.0, x.1, x.2.len(), y.2.len()),
     }
 }
@@ -225,7 +211,10 @@ mod tests {
         use BlockState::*;
         let rec: SegmentShape = (0x1000, 4 << 20, vec![(1 << 20, ActiveAllocated), (3 << 20, Inactive)]);
         let state = (0x1000, 4 << 20, vec![(1 << 20, Inactive), (3 << 20, Inactive)]);
-        assert_eq!(segment_difference(&rec, &state), "at 0x1000 (4194304 bytes) block 0 (1048576 bytes)'s state differs: recorded active_allocated, simulated inactive");
+        assert_eq!(
+            segment_difference(&rec, &state),
+            "at 0x1000 (4194304 bytes) block 0 (1048576 bytes)'s state differs: recorded active_allocated, simulated inactive"
+        );
         let size = (0x1000, 4 << 20, vec![(2 << 20, ActiveAllocated), (2 << 20, Inactive)]);
         assert!(segment_difference(&rec, &size).contains("block 0's size differs: recorded 1048576 bytes (active_allocated), simulated 2097152 bytes"));
         let count = (0x1000, 4 << 20, vec![(1 << 20, ActiveAllocated), (3 << 20, Inactive), (0, Inactive)]);

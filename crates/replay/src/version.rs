@@ -159,11 +159,8 @@ const CONF_KEYS_SINCE: &[(&str, (u32, u32))] = &[
 
 /// `allocator_settings` keys and the release that first wrote them (`torch/csrc/cuda/Module.cpp`,
 /// read as strings of each wheel's `libtorch_python.so`; 2.3 from its pull request).
-const SNAPSHOT_KEYS_SINCE: &[(&str, (u32, u32))] = &[
-    ("graph_capture_record_stream_reuse", (2, 9)),
-    ("max_round_threshold", (2, 13)),
-    ("max_cached_size", (2, 13)),
-];
+const SNAPSHOT_KEYS_SINCE: &[(&str, (u32, u32))] =
+    &[("graph_capture_record_stream_reuse", (2, 9)), ("max_round_threshold", (2, 13)), ("max_cached_size", (2, 13))];
 
 /// What `settings` (a snapshot's `allocator_settings`) shows of the release that recorded it:
 /// its keys (2.9 added `graph_capture_record_stream_reuse`, 2.13 `max_round_threshold` and
@@ -178,7 +175,11 @@ pub fn evidence(settings: &RecordedSettings) -> Vec<Evidence> {
     if let Some(keys) = &settings.keys {
         for &(key, since) in SNAPSHOT_KEYS_SINCE {
             if keys.iter().any(|k| k == key) {
-                out.push(Evidence { at_least: v(since), at_most: TorchVersion::NEWEST, what: format!("allocator_settings has '{key}' (written from {} on)", v(since)) });
+                out.push(Evidence {
+                    at_least: v(since),
+                    at_most: TorchVersion::NEWEST,
+                    what: format!("allocator_settings has '{key}' (written from {} on)", v(since)),
+                });
             } else if keys.iter().any(|k| k == "pinned_num_register_threads") {
                 // A dict of the 2.3+ shape without a key a later release always writes.
                 out.push(Evidence {
@@ -193,7 +194,11 @@ pub fn evidence(settings: &RecordedSettings) -> Vec<Evidence> {
         for item in top_level_items(conf) {
             let key: String = item.split(':').next().unwrap_or("").chars().filter(|c| !c.is_ascii_whitespace()).collect();
             if let Some(&(_, since)) = CONF_KEYS_SINCE.iter().find(|(k, _)| *k == key) {
-                out.push(Evidence { at_least: v(since), at_most: TorchVersion::NEWEST, what: format!("its settings use '{key}' (accepted from {} on)", v(since)) });
+                out.push(Evidence {
+                    at_least: v(since),
+                    at_most: TorchVersion::NEWEST,
+                    what: format!("its settings use '{key}' (accepted from {} on)", v(since)),
+                });
             }
             let value: String = item.split(':').nth(1).unwrap_or("").trim().to_string();
             if key == "max_split_size_mb" && value == "20" {
@@ -273,7 +278,9 @@ impl Rules {
         let how = if v.measured() {
             "measured on torch 2.11.0".to_string()
         } else if v > TorchVersion::DEFAULT {
-            format!("{v}'s rules are read from its wheel (headers, library strings) and pull requests, not measured: the GPU here runs 2.11; rules not read are 2.11's (docs/versions.md)")
+            format!(
+                "{v}'s rules are read from its wheel (headers, library strings) and pull requests, not measured: the GPU here runs 2.11; rules not read are 2.11's (docs/versions.md)"
+            )
         } else {
             format!("{v}'s rules are read from its wheel and sources, not measured (docs/versions.md)")
         };
@@ -342,10 +349,7 @@ fn stoi(s: &str) -> Result<i64, ConfigError> {
 
 fn stod(s: &str) -> Result<f64, ConfigError> {
     let t = s.trim_start();
-    let n = t
-        .char_indices()
-        .take_while(|&(i, c)| c.is_ascii_digit() || c == '.' || ((c == '-' || c == '+') && i == 0) || c == 'e' || c == 'E')
-        .count();
+    let n = t.char_indices().take_while(|&(i, c)| c.is_ascii_digit() || c == '.' || ((c == '-' || c == '+') && i == 0) || c == 'e' || c == 'E').count();
     let mut k = n;
     while k > 0 {
         if let Ok(v) = t[..k].parse::<f64>() {
@@ -376,19 +380,22 @@ fn parse_legacy(v: TorchVersion, conf: &str) -> Result<AllocatorConfig, ConfigEr
         toks.push(buf);
     }
     let consume = |i: usize, t: &str| -> Result<(), ConfigError> {
-        if toks.get(i).map(String::as_str) == Some(t) {
-            Ok(())
-        } else {
-            Err(rt(format!("Error parsing CachingAllocator settings, expected {t}")))
-        }
+        if toks.get(i).map(String::as_str) == Some(t) { Ok(()) } else { Err(rt(format!("Error parsing CachingAllocator settings, expected {t}"))) }
     };
     let limit_mb = K_LARGE_BUFFER / MIB;
     let mut i = 0;
     while i < toks.len() {
         let key = toks[i].as_str();
         let known = match key {
-            "max_split_size_mb" | "garbage_collection_threshold" | "roundup_power2_divisions" | "backend" | "expandable_segments"
-            | "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" | "pinned_use_cuda_host_register" | "pinned_use_hip_host_register"
+            "max_split_size_mb"
+            | "garbage_collection_threshold"
+            | "roundup_power2_divisions"
+            | "backend"
+            | "expandable_segments"
+            | "release_lock_on_cudamalloc"
+            | "release_lock_on_hipmalloc"
+            | "pinned_use_cuda_host_register"
+            | "pinned_use_hip_host_register"
             | "pinned_num_register_threads" => true,
             "max_non_split_rounding_mb" | "pinned_use_background_threads" => !v.at_most(5),
             "graph_capture_record_stream_reuse" => !v.at_most(8),
@@ -601,11 +608,7 @@ mod tests {
     }
 
     fn settings(conf: &str, keys: Option<&[&str]>) -> RecordedSettings {
-        RecordedSettings {
-            alloc_conf: Some(conf.into()),
-            keys: keys.map(|k| k.iter().map(|s| s.to_string()).collect()),
-            ..RecordedSettings::torch_default()
-        }
+        RecordedSettings { alloc_conf: Some(conf.into()), keys: keys.map(|k| k.iter().map(|s| s.to_string()).collect()), ..RecordedSettings::torch_default() }
     }
 
     const KEYS_2_13: [&str; 11] = [

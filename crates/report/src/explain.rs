@@ -3,9 +3,9 @@
 
 use std::collections::HashMap;
 
+use allocsim_model::allocator::CachingAllocator;
 use allocsim_model::allocator::{AllocFailure, MallocStep, OutOfMemory};
 use allocsim_model::format::oom_message;
-use allocsim_model::allocator::CachingAllocator;
 use allocsim_model::{AllocatorConfig, Device, Placement, SimDevice};
 use allocsim_phases::{Layout, PhaseAt};
 use allocsim_replay::{EmptyCacheCalls, Op, Prepared, Program, replay};
@@ -65,9 +65,13 @@ fn pinning_sites(
         let share = seg.free / seg.live.len() as u64;
         for (i, b) in seg.live.iter().enumerate() {
             let call_site = name(b);
-            let e = sites
-                .entry(call_site.clone())
-                .or_insert_with(|| PinningSite { call_site, frames: frames(seg, i, b), blocks: 0, live_bytes: 0, pinned_free: 0 });
+            let e = sites.entry(call_site.clone()).or_insert_with(|| PinningSite {
+                call_site,
+                frames: frames(seg, i, b),
+                blocks: 0,
+                live_bytes: 0,
+                pinned_free: 0,
+            });
             e.blocks += 1;
             e.live_bytes += b.size;
             e.pinned_free += share;
@@ -280,7 +284,6 @@ fn truncated(p: &Program, ops: usize) -> Program {
     Program { ops: p.ops[..ops].to_vec(), ..p.clone() }
 }
 
-
 /// The allocator just before op `k`, and the live requests with their blocks' addresses.
 pub struct State {
     pub allocator: CachingAllocator<SimDevice>,
@@ -334,9 +337,10 @@ pub fn explain(
     alloc.record_steps = false;
     let oom = result.as_ref().err().cloned();
     if let Ok(b) = result
-        && include {
-            live.insert(req, alloc.block(b).ptr);
-        }
+        && include
+    {
+        live.insert(req, alloc.block(b).ptr);
+    }
     let by_ptr: HashMap<u64, u32> = live.iter().map(|(&q, &a)| (a, q)).collect();
     let free = breakdown(&alloc);
     let rounded = config.round_size(r.size);
@@ -359,12 +363,7 @@ pub fn explain(
                 .filter(|b| b.allocated)
                 .map(|b| {
                     let q = by_ptr.get(&b.ptr).copied();
-                    LiveBlock {
-                        request: q.unwrap_or(u32::MAX),
-                        size: b.size,
-                        requested: b.requested_size,
-                        call_site: q.and_then(|q| prepared.call_site(q)),
-                    }
+                    LiveBlock { request: q.unwrap_or(u32::MAX), size: b.size, requested: b.requested_size, call_site: q.and_then(|q| prepared.call_site(q)) }
                 })
                 .collect();
             (free > 0 && !live.is_empty()).then_some(PinnedSegment {
@@ -447,10 +446,7 @@ pub fn explain(
     let smallest_capacity = if oom.is_some() { fit_where(prepared, config, placement, |o| serves_the_run(prepared, req, o)).capacity } else { None };
     let cause = oom.as_ref().map(|o| OomCause::of(prepared, req, o));
     let fix = cause.as_ref().map(|c| {
-        let best = alternatives
-            .iter()
-            .filter(|a| a.fixes)
-            .min_by_key(|a| (a.depends_on_allowed_maximum, a.peak_reserved));
+        let best = alternatives.iter().filter(|a| a.fixes).min_by_key(|a| (a.depends_on_allowed_maximum, a.peak_reserved));
         match (best, smallest_capacity) {
             (Some(a), _) => Fix::Setting {
                 conf: if config.source.is_empty() { a.conf.clone() } else { format!("{},{}", config.source, a.conf) },
@@ -489,14 +485,18 @@ pub fn explain(
     })
 }
 
+/// A setting to try: its `PYTORCH_CUDA_ALLOC_CONF` text and the parsed settings (or why they do
+/// not parse).
+pub type Candidate = (String, Result<AllocatorConfig, String>);
+
 /// The candidate settings worth replaying on top of `config`, parsed, and those left out with the
 /// reason: one whose settings `config` already has (`expandable_segments:True` on a job that
 /// used it), one that parses to settings already listed, and `garbage_collection_threshold`
 /// without an allowed maximum (PyTorch runs `garbage_collect_cached_blocks` only when
 /// `set_per_process_memory_fraction` was called: it cannot change anything then).
-pub fn candidates_to_try(config: &AllocatorConfig, candidates: &[&str], has_fraction: bool) -> (Vec<(String, Result<AllocatorConfig, String>)>, Vec<String>) {
+pub fn candidates_to_try(config: &AllocatorConfig, candidates: &[&str], has_fraction: bool) -> (Vec<Candidate>, Vec<String>) {
     let base = config.source.clone();
-    let (mut tried, mut not_tried): (Vec<(String, Result<AllocatorConfig, String>)>, Vec<String>) = (Vec::new(), Vec::new());
+    let (mut tried, mut not_tried): (Vec<Candidate>, Vec<String>) = (Vec::new(), Vec::new());
     for c in candidates {
         let conf = if base.is_empty() { c.to_string() } else { format!("{base},{c}") };
         let parsed = AllocatorConfig::parse(&conf).map_err(|e| e.to_string());
@@ -582,7 +582,9 @@ impl OomCause {
     pub fn describe(&self) -> String {
         let limit = if self.limit == "device_full" { "the device was full" } else { "over the allowed maximum" };
         if self.fragmentation {
-            format!("{limit}, though the live tensors and this request fit in what the allocator could hold: its free memory was not in one block it could use (fragmentation)")
+            format!(
+                "{limit}, though the live tensors and this request fit in what the allocator could hold: its free memory was not in one block it could use (fragmentation)"
+            )
         } else {
             format!("{limit}: the live tensors and this request need more than the allocator could hold, however its free memory lay")
         }
@@ -606,11 +608,9 @@ pub fn describe_steps(steps: &[MallocStep], usable_largest: u64) -> Vec<String> 
             MallocStep::CacheLookup { found: Some(b), rounded, .. } => {
                 format!("found a cached free block of {} for the {} request", fs(*b), fs(*rounded))
             }
-            MallocStep::CacheLookup { found: None, rounded, stream, .. } => format!(
-                "no cached free block of ≥ {} on stream {stream} in this pool (the largest there is {})",
-                fs(*rounded),
-                fs(usable_largest)
-            ),
+            MallocStep::CacheLookup { found: None, rounded, stream, .. } => {
+                format!("no cached free block of ≥ {} on stream {stream} in this pool (the largest there is {})", fs(*rounded), fs(usable_largest))
+            }
             MallocStep::GarbageCollection { segments, bytes } => {
                 format!("garbage collection released {segments} old cached segments ({})", fs(*bytes))
             }
@@ -631,11 +631,9 @@ pub fn describe_steps(steps: &[MallocStep], usable_largest: u64) -> Vec<String> 
                     }
                 }
             }
-            MallocStep::ReleaseAvailable { segments, bytes, enough } => format!(
-                "released {segments} cached oversize segments ({}){}",
-                fs(*bytes),
-                if *enough { "" } else { ": not enough" }
-            ),
+            MallocStep::ReleaseAvailable { segments, bytes, enough } => {
+                format!("released {segments} cached oversize segments ({}){}", fs(*bytes), if *enough { "" } else { ": not enough" })
+            }
             MallocStep::ReleaseCached { segments, bytes, completed_frees } => format!(
                 "synchronized{} and released {segments} completely free cached segments ({})",
                 if *completed_frees > 0 { format!(" (completing {completed_frees} pending cross-stream frees)") } else { String::new() },
@@ -649,7 +647,15 @@ pub fn describe_steps(steps: &[MallocStep], usable_largest: u64) -> Vec<String> 
 /// The explained OOM in at most six lines: which request failed (size, call site, where in the
 /// run), which OOM of the trace it is, why in one sentence, the one change that avoids it (checked
 /// by replaying), and PyTorch's message.
-pub fn verdict_lines(x: &Explanation, causes: &[OomCause], own: bool, asked: bool, config: &AllocatorConfig, capacity: Option<u64>, p: &Prepared) -> Vec<String> {
+pub fn verdict_lines(
+    x: &Explanation,
+    causes: &[OomCause],
+    own: bool,
+    asked: bool,
+    config: &AllocatorConfig,
+    capacity: Option<u64>,
+    p: &Prepared,
+) -> Vec<String> {
     let mut lines = Vec::new();
     let site = x.call_site.as_deref().map_or_else(|| "(no stack recorded)".to_string(), |s| format!("from {s}"));
     let whereabouts = x.phase.as_ref().map(phase_words).unwrap_or_default();
@@ -672,7 +678,12 @@ pub fn verdict_lines(x: &Explanation, causes: &[OomCause], own: bool, asked: boo
             (_, true) => format!("The last of {n} OOMs the trace recorded; requests follow each of them: the job went on after every one."),
         }
     } else if x.recorded_oom {
-        format!("The trace recorded this request as an OOM too; {} replay runs out of memory {} time{}.", replay_words(config, capacity), causes.len(), plural(causes.len()))
+        format!(
+            "The trace recorded this request as an OOM too; {} replay runs out of memory {} time{}.",
+            replay_words(config, capacity),
+            causes.len(),
+            plural(causes.len())
+        )
     } else {
         format!("The recorded run served this request: under {} the job would have ended here.", replay_words(config, capacity))
     };
@@ -739,7 +750,11 @@ fn cause_sentence(c: &OomCause, x: &Explanation, p: &Prepared) -> String {
     if c.limit == "device_full" {
         let total_known = p.budget.device_memory.source != allocsim_replay::budget::DeviceMemorySource::Default;
         let outside = if total_known {
-            format!(" and {} of the device's {} was in use outside PyTorch's allocator (other processes, the CUDA context, libraries)", fs(p.device_memory.saturating_sub(c.room)), fs(p.device_memory))
+            format!(
+                " and {} of the device's {} was in use outside PyTorch's allocator (other processes, the CUDA context, libraries)",
+                fs(p.device_memory.saturating_sub(c.room)),
+                fs(p.device_memory)
+            )
         } else {
             " and the rest was in use outside PyTorch's allocator (other processes, the CUDA context, libraries)".to_string()
         };
@@ -776,7 +791,10 @@ fn fix_sentence(f: &Fix, x: &Explanation, capacity: Option<u64>) -> String {
             let more = fs(needed.saturating_sub(*had));
             let device_full = x.cause.as_ref().is_some_and(|c| c.limit == "device_full") && capacity.is_none();
             let how = if device_full {
-                format!("{} for the allocator ({more} more than it could hold: free that much on the device, or run on a larger one — `allocsim fit --cards`)", fs(*needed))
+                format!(
+                    "{} for the allocator ({more} more than it could hold: free that much on the device, or run on a larger one — `allocsim fit --cards`)",
+                    fs(*needed)
+                )
             } else {
                 format!("an allowed maximum of {} ({more} more than {})", fs(*needed), fs(*had))
             };
@@ -785,4 +803,3 @@ fn fix_sentence(f: &Fix, x: &Explanation, capacity: Option<u64>) -> String {
         Fix::Nothing => "Fix: none found. No setting tried helps, and no allowed maximum up to the device's memory serves the run.".to_string(),
     }
 }
-

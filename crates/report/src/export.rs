@@ -93,11 +93,10 @@ pub fn simulated_snapshot(prepared: &Prepared, config: &AllocatorConfig, capacit
                     }
                 }
             }
-            Op::Complete(req)
-                if deferred.remove(&req).is_some() => {
-                    let q = &reqs[req as usize];
-                    trace.push(entry(Action::FreeCompleted, outcome.addresses[req as usize].unwrap(), q.size, q.stream, time, q.stack, meta));
-                }
+            Op::Complete(req) if deferred.remove(&req).is_some() => {
+                let q = &reqs[req as usize];
+                trace.push(entry(Action::FreeCompleted, outcome.addresses[req as usize].unwrap(), q.size, q.stream, time, q.stack, meta));
+            }
             // Release runs made only the segment events written above; frees of blocks from before
             // a truncated trace are not written (their allocation is not in the trace either).
             _ => {}
@@ -105,10 +104,8 @@ pub fn simulated_snapshot(prepared: &Prepared, config: &AllocatorConfig, capacit
     }
     // Final segments with the model's blocks; live blocks keep their request's stack.
     let a = &outcome.allocator;
-    let live_stack: HashMap<u64, u32> = live_requests(&prepared.program.ops, &outcome.addresses)
-        .into_iter()
-        .map(|(q, addr)| (addr, reqs[q as usize].stack))
-        .collect();
+    let live_stack: HashMap<u64, u32> =
+        live_requests(&prepared.program.ops, &outcome.addresses).into_iter().map(|(q, addr)| (addr, reqs[q as usize].stack)).collect();
     let device = prepared.device as i64;
     let segments = a
         .segments()

@@ -12,8 +12,8 @@
 
 use std::collections::BTreeMap;
 
-use allocsim_model::allocator::CachingAllocator;
 use allocsim_model::Device;
+use allocsim_model::allocator::CachingAllocator;
 
 /// Free memory of one (pool kind, stream) pair.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]

@@ -81,9 +81,10 @@ pub fn build(prepared: &Prepared, title: &str, configs: &[(String, AllocatorConf
             ));
         }
         if let Some(o) = first.outcome.first_oom()
-            && let Some(k) = op_index_of_malloc(&prepared.program, o) {
-                maps.push((format!("Segments when request {o} ran out of memory — {}", first.label), segment_map(prepared, &first.config, capacity, placement, k)));
-            }
+            && let Some(k) = op_index_of_malloc(&prepared.program, o)
+        {
+            maps.push((format!("Segments when request {o} ran out of memory — {}", first.label), segment_map(prepared, &first.config, capacity, placement, k)));
+        }
     }
     for run in &runs {
         if let Some(o) = run.outcome.ooms.first() {
@@ -98,8 +99,7 @@ pub fn build(prepared: &Prepared, title: &str, configs: &[(String, AllocatorConf
     // The iterations under the first config, replayed as its run was.
     let phases = runs.first().and_then(|first| {
         let layout = Layout::of(prepared, None).ok()?;
-        (layout.iterations.len() > 1 || !layout.regions.is_empty())
-            .then(|| allocsim_phases::measure(prepared, &layout, &first.config, capacity, placement, 0))
+        (layout.iterations.len() > 1 || !layout.regions.is_empty()).then(|| allocsim_phases::measure(prepared, &layout, &first.config, capacity, placement, 0))
     });
     // `explain`'s verdict, for the first config as `explain --config` would give it.
     let verdict = runs
@@ -177,12 +177,24 @@ pub fn iterations_svg(ph: &Phases) -> String {
     let x = |i: usize| ML + i as f64 * bw;
     let y = |b: u64| H - MB - (b as f64 / ymax) * (H - MB - 10.0);
     let mut s = String::new();
-    let _ = write!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" id="iteration-peaks" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11" role="img" aria-label="peak memory per iteration">"#);
-    let _ = write!(s, r##"<line x1="{ML}" x2="{ML}" y1="8" y2="{0}" stroke="#444"/><line x1="{ML}" x2="{1}" y1="{0}" y2="{0}" stroke="#444"/>"##, H - MB, W - 10.0);
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" id="iteration-peaks" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11" role="img" aria-label="peak memory per iteration">"#
+    );
+    let _ =
+        write!(s, r##"<line x1="{ML}" x2="{ML}" y1="8" y2="{0}" stroke="#444"/><line x1="{ML}" x2="{1}" y1="{0}" y2="{0}" stroke="#444"/>"##, H - MB, W - 10.0);
     let step = byte_step(ymax as u64);
     let mut t = 0u64;
     while (t as f64) <= ymax {
-        let _ = write!(s, r##"<line x1="{ML}" x2="{0}" y1="{1:.1}" y2="{1:.1}" stroke="#eee"/><text x="{2}" y="{3:.1}" text-anchor="end" fill="#333">{4}</text>"##, W - 10.0, y(t), ML - 4.0, y(t) + 4.0, fs(t));
+        let _ = write!(
+            s,
+            r##"<line x1="{ML}" x2="{0}" y1="{1:.1}" y2="{1:.1}" stroke="#eee"/><text x="{2}" y="{3:.1}" text-anchor="end" fill="#333">{4}</text>"##,
+            W - 10.0,
+            y(t),
+            ML - 4.0,
+            y(t) + 4.0,
+            fs(t)
+        );
         t += step;
     }
     let every = n.div_ceil(30);
@@ -214,31 +226,44 @@ pub fn iterations_svg(ph: &Phases) -> String {
 /// The timeline: reserved (solid), allocated (dashed) per run; the allowed maximum; OOM markers.
 pub fn timeline_svg(r: &Report) -> String {
     let n = r.requests.max(1) as f64;
-    let ymax = r
-        .runs
-        .iter()
-        .flat_map(|run| run.series.reserved.iter().copied())
-        .chain(r.capacity)
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64
-        * 1.08;
+    let ymax = r.runs.iter().flat_map(|run| run.series.reserved.iter().copied()).chain(r.capacity).max().unwrap_or(1).max(1) as f64 * 1.08;
     let x = |req: u32| ML + (req as f64 / n) * (W - ML - 10.0);
     let y = |b: u64| H - MB - (b as f64 / ymax) * (H - MB - 10.0);
     let mut s = String::new();
-    let _ = write!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11" role="img" aria-label="memory timeline">"#);
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11" role="img" aria-label="memory timeline">"#
+    );
     if let Some(ph) = &r.phases {
         phase_bands(&mut s, ph, &x);
     }
     axes(&mut s, ymax as u64, r.requests, &x, &y);
     if let Some(c) = r.capacity {
-        let _ = write!(s, r##"<line x1="{ML}" x2="{0}" y1="{1}" y2="{1}" stroke="#c00" stroke-dasharray="6 3"/><text x="{2}" y="{3}" fill="#c00">allowed {4}</text>"##, W - 10.0, y(c), W - 170.0, y(c) - 4.0, fs(c));
+        let _ = write!(
+            s,
+            r##"<line x1="{ML}" x2="{0}" y1="{1}" y2="{1}" stroke="#c00" stroke-dasharray="6 3"/><text x="{2}" y="{3}" fill="#c00">allowed {4}</text>"##,
+            W - 10.0,
+            y(c),
+            W - 170.0,
+            y(c) - 4.0,
+            fs(c)
+        );
     }
     for (i, run) in r.runs.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let pts = |v: &[u64]| run.series.request.iter().zip(v).map(|(&q, &b)| format!("{:.1},{:.1}", x(q), y(b))).collect::<Vec<_>>().join(" ");
-        let _ = write!(s, r#"<polyline fill="none" stroke="{color}" stroke-width="1.6" points="{}"><title>reserved — {}</title></polyline>"#, pts(&run.series.reserved), esc(&run.label));
-        let _ = write!(s, r#"<polyline fill="none" stroke="{color}" stroke-width="1" stroke-dasharray="4 2" opacity="0.8" points="{}"><title>allocated — {}</title></polyline>"#, pts(&run.series.allocated), esc(&run.label));
+        let _ = write!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="1.6" points="{}"><title>reserved — {}</title></polyline>"#,
+            pts(&run.series.reserved),
+            esc(&run.label)
+        );
+        let _ = write!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="1" stroke-dasharray="4 2" opacity="0.8" points="{}"><title>allocated — {}</title></polyline>"#,
+            pts(&run.series.allocated),
+            esc(&run.label)
+        );
         for (j, o) in run.outcome.ooms.iter().enumerate().take(200) {
             let px = x(o.request);
             let _ = write!(
@@ -258,11 +283,20 @@ pub fn timeline_svg(r: &Report) -> String {
 }
 
 fn axes(s: &mut String, ymax: u64, n: u32, x: &dyn Fn(u32) -> f64, y: &dyn Fn(u64) -> f64) {
-    let _ = write!(s, r##"<line x1="{ML}" x2="{ML}" y1="8" y2="{0}" stroke="#444"/><line x1="{ML}" x2="{1}" y1="{0}" y2="{0}" stroke="#444"/>"##, H - MB, W - 10.0);
+    let _ =
+        write!(s, r##"<line x1="{ML}" x2="{ML}" y1="8" y2="{0}" stroke="#444"/><line x1="{ML}" x2="{1}" y1="{0}" y2="{0}" stroke="#444"/>"##, H - MB, W - 10.0);
     let step = byte_step(ymax);
     let mut t = 0u64;
     while t <= ymax {
-        let _ = write!(s, r##"<line x1="{ML}" x2="{0}" y1="{1:.1}" y2="{1:.1}" stroke="#eee"/><text x="{2}" y="{3:.1}" text-anchor="end" fill="#333">{4}</text>"##, W - 10.0, y(t), ML - 4.0, y(t) + 4.0, fs(t));
+        let _ = write!(
+            s,
+            r##"<line x1="{ML}" x2="{0}" y1="{1:.1}" y2="{1:.1}" stroke="#eee"/><text x="{2}" y="{3:.1}" text-anchor="end" fill="#333">{4}</text>"##,
+            W - 10.0,
+            y(t),
+            ML - 4.0,
+            y(t) + 4.0,
+            fs(t)
+        );
         t += step;
     }
     let xs = (n / 8).max(1);
@@ -282,14 +316,27 @@ pub fn frag_svg(r: &Report) -> String {
     let y = |b: u64| H - MB - (b as f64 / ymax) * (H - MB - 10.0);
     let yr = |f: f64| H - MB - f * (H - MB - 10.0);
     let mut s = String::new();
-    let _ = write!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11" role="img" aria-label="fragmentation">"#);
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11" role="img" aria-label="fragmentation">"#
+    );
     axes(&mut s, ymax as u64, r.requests, &x, &y);
     for (i, run) in r.runs.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let pts: Vec<String> = run.frag.request.iter().zip(&run.frag.unallocated).map(|(&q, &b)| format!("{:.1},{:.1}", x(q), y(b))).collect();
-        let _ = write!(s, r#"<polyline fill="none" stroke="{color}" stroke-width="1.6" points="{}"><title>reserved − allocated — {}</title></polyline>"#, pts.join(" "), esc(&run.label));
+        let _ = write!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="1.6" points="{}"><title>reserved − allocated — {}</title></polyline>"#,
+            pts.join(" "),
+            esc(&run.label)
+        );
         let pts: Vec<String> = run.frag.request.iter().zip(&run.frag.largest_free_ratio).map(|(&q, &f)| format!("{:.1},{:.1}", x(q), yr(f))).collect();
-        let _ = write!(s, r#"<polyline fill="none" stroke="{color}" stroke-width="1" stroke-dasharray="2 2" points="{}"><title>largest free block ÷ total free (0–1, right scale) — {}</title></polyline>"#, pts.join(" "), esc(&run.label));
+        let _ = write!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="1" stroke-dasharray="2 2" points="{}"><title>largest free block ÷ total free (0–1, right scale) — {}</title></polyline>"#,
+            pts.join(" "),
+            esc(&run.label)
+        );
     }
     let _ = write!(s, r##"<text x="{}" y="18" text-anchor="end" fill="#333">dotted: largest free block ÷ total free (top = 1)</text></svg>"##, W - 12.0);
     s
@@ -307,7 +354,10 @@ fn segment_map(prepared: &Prepared, config: &AllocatorConfig, capacity: Option<u
     let row = 15.0;
     let h = 20.0 + row * shown as f64 + 20.0;
     let mut s = String::new();
-    let _ = write!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12" role="img" aria-label="segment map">"#);
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12" role="img" aria-label="segment map">"#
+    );
     let width = W - 200.0;
     for (i, seg) in segs.iter().take(shown).enumerate() {
         let y0 = 14.0 + i as f64 * row;
@@ -468,12 +518,18 @@ table{{border-collapse:collapse;font-size:13px}} td,th{{border:1px solid #ccc;pa
         h.push_str(&iterations_svg(ph));
     }
     for (label, m) in &r.oom_messages {
-        let _ = write!(h, "<p><b>{}</b> — first OOM, as PyTorch reports it (without NVML's per-process sentence):</p><div class=\"msg\" id=\"oom-message\">{}</div>", esc(label), esc(m));
+        let _ = write!(
+            h,
+            "<p><b>{}</b> — first OOM, as PyTorch reports it (without NVML's per-process sentence):</p><div class=\"msg\" id=\"oom-message\">{}</div>",
+            esc(label),
+            esc(m)
+        );
     }
     h.push_str("<h2>Fragmentation over the run</h2><p>Solid: reserved − allocated. Dotted: largest free block ÷ total free memory (1 = all free memory in one block).</p>");
     h.push_str(&frag_svg(r));
     for (title, svg) in &r.maps {
-        let pending = if svg.contains("waiting for a cross-stream free") { "<span style=\"color:#ff7f0e\">■</span> waiting for a cross-stream free " } else { "" };
+        let pending =
+            if svg.contains("waiting for a cross-stream free") { "<span style=\"color:#ff7f0e\">■</span> waiting for a cross-stream free " } else { "" };
         let _ = write!(
             h,
             "<h2>{}</h2><p><span style=\"color:#1f77b4\">■</span> allocated {pending}<span style=\"color:{FREE_COLOR}\">■</span> free. Largest segments first, bars to scale; hover a block for its size, request and call site.</p>",

@@ -27,7 +27,13 @@ pub struct FragSeries {
 }
 
 /// Replays and records the series; `points` bounds the number of points kept (≥ 2).
-pub fn record(prepared: &Prepared, config: &AllocatorConfig, capacity: Option<u64>, placement: &Placement, points: usize) -> (ReplayOutcome, Series, FragSeries) {
+pub fn record(
+    prepared: &Prepared,
+    config: &AllocatorConfig,
+    capacity: Option<u64>,
+    placement: &Placement,
+    points: usize,
+) -> (ReplayOutcome, Series, FragSeries) {
     let n = prepared.program.requests.len().max(1);
     let bucket = n.div_ceil(points.max(2)).max(1);
     let frag_every = n.div_ceil(200).max(1);
@@ -37,30 +43,36 @@ pub fn record(prepared: &Prepared, config: &AllocatorConfig, capacity: Option<u6
     let device = SimDevice::new(prepared.device_memory, placement.clone());
     let flags = &prepared.empty_cache;
     let mut last_bucket = usize::MAX;
-    let outcome = replay_observed(&prepared.program, &opts, device, |_, oi| flags.get(oi).copied().unwrap_or(false), |a, oi| {
-        let Op::Malloc(r) = prepared.program.ops[oi] else { return };
-        let st = &a.stats;
-        let (al, ac, re) = (st.allocated_bytes.all().current as u64, st.active_bytes.all().current as u64, st.reserved_bytes.all().current as u64);
-        let b = r as usize / bucket;
-        if b != last_bucket {
-            last_bucket = b;
-            s.request.push(r);
-            s.allocated.push(al);
-            s.active.push(ac);
-            s.reserved.push(re);
-        } else {
-            let i = s.request.len() - 1;
-            s.allocated[i] = s.allocated[i].max(al);
-            s.active[i] = s.active[i].max(ac);
-            s.reserved[i] = s.reserved[i].max(re);
-        }
-        if (r as usize).is_multiple_of(frag_every) {
-            let fb = breakdown(a);
-            f.request.push(r);
-            f.unallocated.push(fb.unallocated());
-            f.largest_free_ratio.push(if fb.free > 0 { fb.largest_free_block as f64 / fb.free as f64 } else { 1.0 });
-            f.gap_concentration.push(fb.gap_concentration);
-        }
-    });
+    let outcome = replay_observed(
+        &prepared.program,
+        &opts,
+        device,
+        |_, oi| flags.get(oi).copied().unwrap_or(false),
+        |a, oi| {
+            let Op::Malloc(r) = prepared.program.ops[oi] else { return };
+            let st = &a.stats;
+            let (al, ac, re) = (st.allocated_bytes.all().current as u64, st.active_bytes.all().current as u64, st.reserved_bytes.all().current as u64);
+            let b = r as usize / bucket;
+            if b != last_bucket {
+                last_bucket = b;
+                s.request.push(r);
+                s.allocated.push(al);
+                s.active.push(ac);
+                s.reserved.push(re);
+            } else {
+                let i = s.request.len() - 1;
+                s.allocated[i] = s.allocated[i].max(al);
+                s.active[i] = s.active[i].max(ac);
+                s.reserved[i] = s.reserved[i].max(re);
+            }
+            if (r as usize).is_multiple_of(frag_every) {
+                let fb = breakdown(a);
+                f.request.push(r);
+                f.unallocated.push(fb.unallocated());
+                f.largest_free_ratio.push(if fb.free > 0 { fb.largest_free_block as f64 / fb.free as f64 } else { 1.0 });
+                f.gap_concentration.push(fb.gap_concentration);
+            }
+        },
+    );
     (outcome, s, f)
 }

@@ -51,7 +51,10 @@ pub enum Ref {
 pub enum TOp {
     /// The pattern's `k`-th request.
     Malloc(u32),
-    Free { r: Ref, deferred: bool },
+    Free {
+        r: Ref,
+        deferred: bool,
+    },
     Complete(Ref),
     /// An `empty_cache()` call (a release run the trace's own replay read as one).
     EmptyCache,

@@ -307,7 +307,13 @@ pub fn replay_step(a: &After, s: &Synthesized, call_site: impl Fn(u32) -> Option
 }
 
 /// Replays `s` on `st` (whose next request is `base`).
-pub fn replay_step_on(st: &mut Stepper<SimDevice, VecSlots>, base: u32, device: usize, s: &Synthesized, call_site: impl Fn(u32) -> Option<String>) -> StepReading {
+pub fn replay_step_on(
+    st: &mut Stepper<SimDevice, VecSlots>,
+    base: u32,
+    device: usize,
+    s: &Synthesized,
+    call_site: impl Fn(u32) -> Option<String>,
+) -> StepReading {
     let stats = |st: &Stepper<SimDevice, VecSlots>| (st.alloc.stats.allocated_bytes.all().current as u64, st.alloc.stats.reserved_bytes.all().current as u64);
     let (allocated_before, reserved_before) = stats(st);
     st.alloc.stats.reset_peak();

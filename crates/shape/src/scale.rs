@@ -258,7 +258,9 @@ pub fn scale(inputs: &[Input<'_>], q: &Question<'_>) -> Result<ScaleAnswer, Scal
                 }
             ))
         })?,
-        None => *first.iter().rev().find(|&&i| l.steps[i].complete).or(first.last()).ok_or_else(|| ScaleError::Usage(format!("{}: no steps", inputs[0].name)))?,
+        None => {
+            *first.iter().rev().find(|&&i| l.steps[i].complete).or(first.last()).ok_or_else(|| ScaleError::Usage(format!("{}: no steps", inputs[0].name)))?
+        }
     };
     let room = l.structures.iter().map(|s| s.keys.len()).max().unwrap_or(0);
     let call_site = |s: usize| {

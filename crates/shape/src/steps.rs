@@ -215,10 +215,7 @@ pub fn find_steps(input: &Input<'_>, trace: usize, param: &str, by: Option<&str>
                     ))
                 })?;
                 if value == 0 || value > crate::scale::MAX_VALUE {
-                    return Err(ScaleError::Usage(format!(
-                        "{}: the region {:?} gives {param} as {value}: shape values are 1 to 2^40",
-                        input.name, r.name
-                    )));
+                    return Err(ScaleError::Usage(format!("{}: the region {:?} gives {param} as {value}: shape values are 1 to 2^40", input.name, r.name)));
                 }
                 // A region inside another of the same parameter is part of that step.
                 if r.span.start_entry < last_end {
@@ -328,11 +325,7 @@ pub fn learn(param: &str, inputs: &[Input<'_>], steps_per_trace: Vec<(Vec<Step>,
             .collect();
         stack_maps.push(map);
     }
-    let gkey = |t: usize, k: SlotKey| GKey {
-        stream: k.stream,
-        private: k.private,
-        stack: stack_maps[t].get(k.stack as usize).copied().unwrap_or(u32::MAX),
-    };
+    let gkey = |t: usize, k: SlotKey| GKey { stream: k.stream, private: k.private, stack: stack_maps[t].get(k.stack as usize).copied().unwrap_or(u32::MAX) };
     let mut steps: Vec<Step> = Vec::new();
     let mut from = Vec::new();
     for (s, f) in steps_per_trace {

@@ -171,7 +171,8 @@ fn plot(cli: &str, memory: &str, live: &str) {
     };
     let mut svg = String::new();
     let (w, h) = (960.0, 400.0);
-    writeln!(svg, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#).unwrap();
+    writeln!(svg, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#)
+        .unwrap();
     writeln!(svg, r#"<rect width="{w}" height="{h}" fill="white"/>"#).unwrap();
     panel(&mut svg, &left, 0.0, 480.0, h);
     panel(&mut svg, &right, 480.0, 480.0, h);
@@ -196,14 +197,29 @@ fn panel(svg: &mut String, p: &Panel<'_>, x0: f64, w: f64, h: f64) {
     let mut d = xl;
     while d <= xh + 1e-9 {
         let x = sx(10f64.powf(d));
-        writeln!(svg, r##"<line x1="{x:.1}" y1="{mt}" x2="{x:.1}" y2="{}" stroke="#ddd"/><text x="{x:.1}" y="{}" text-anchor="middle">1e{}</text>"##, mt + ph, mt + ph + 16.0, d as i64).unwrap();
+        writeln!(
+            svg,
+            r##"<line x1="{x:.1}" y1="{mt}" x2="{x:.1}" y2="{}" stroke="#ddd"/><text x="{x:.1}" y="{}" text-anchor="middle">1e{}</text>"##,
+            mt + ph,
+            mt + ph + 16.0,
+            d as i64
+        )
+        .unwrap();
         d += 1.0;
     }
     let mut d = yl;
     while d <= yh + 1e-9 {
         let y = sy(10f64.powf(d));
         let label = if (0.0..6.0).contains(&d) { format!("{}", 10f64.powf(d) as u64) } else { format!("{}", 10f64.powf(d)) };
-        writeln!(svg, r##"<line x1="{}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{label}</text>"##, x0 + ml, x0 + ml + pw, x0 + ml - 4.0, y + 4.0).unwrap();
+        writeln!(
+            svg,
+            r##"<line x1="{}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{label}</text>"##,
+            x0 + ml,
+            x0 + ml + pw,
+            x0 + ml - 4.0,
+            y + 4.0
+        )
+        .unwrap();
         d += 1.0;
     }
     writeln!(svg, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, x0 + ml + pw / 2.0, h - 12.0, p.xlabel).unwrap();
@@ -216,6 +232,14 @@ fn panel(svg: &mut String, p: &Panel<'_>, x0: f64, w: f64, h: f64) {
             writeln!(svg, r#"<circle cx="{a}" cy="{b}" r="3.5" fill="{colour}"/>"#).unwrap();
         }
         let ly = mt + 16.0 + 16.0 * i as f64;
-        writeln!(svg, r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{colour}" stroke-width="2"/><text x="{}" y="{}">{label}</text>"#, x0 + ml + 10.0, x0 + ml + 30.0, x0 + ml + 36.0, ly + 4.0).unwrap();
+        writeln!(
+            svg,
+            r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{colour}" stroke-width="2"/><text x="{}" y="{}">{label}</text>"#,
+            x0 + ml + 10.0,
+            x0 + ml + 30.0,
+            x0 + ml + 36.0,
+            ly + 4.0
+        )
+        .unwrap();
     }
 }

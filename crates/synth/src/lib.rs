@@ -196,9 +196,21 @@ fn site_frames(s: Site) -> &'static [(&'static str, &'static str, i64)] {
         Site::Gelu => &[("gelu", "model.py", 71), BLOCK, FWD, TRAIN, MAIN],
         Site::Logits => &[("forward", "model.py", 112), FWD, TRAIN, MAIN],
         Site::Loss => &[("cross_entropy", "torch/nn/functional.py", 3494), ("train_step", "train.py", 101), MAIN],
-        Site::Backward => &[("_engine_run_backward", "torch/autograd/graph.py", 829), ("backward", "torch/autograd/__init__.py", 353), ("backward", "torch/_tensor.py", 626), ("train_step", "train.py", 104), MAIN],
+        Site::Backward => &[
+            ("_engine_run_backward", "torch/autograd/graph.py", 829),
+            ("backward", "torch/autograd/__init__.py", 353),
+            ("backward", "torch/_tensor.py", 626),
+            ("train_step", "train.py", 104),
+            MAIN,
+        ],
         Site::AdamState => &[("_init_group", "torch/optim/adam.py", 173), ("step", "torch/optim/adam.py", 235), ("train_step", "train.py", 106), MAIN],
-        Site::AdamStep => &[("_multi_tensor_adam", "torch/optim/adam.py", 641), ("adam", "torch/optim/adam.py", 955), ("step", "torch/optim/adam.py", 247), ("train_step", "train.py", 106), MAIN],
+        Site::AdamStep => &[
+            ("_multi_tensor_adam", "torch/optim/adam.py", 641),
+            ("adam", "torch/optim/adam.py", 955),
+            ("step", "torch/optim/adam.py", 247),
+            ("train_step", "train.py", 106),
+            MAIN,
+        ],
         Site::Bucket => &[("_allreduce_bucket", "ddp.py", 52), ("_engine_run_backward", "torch/autograd/graph.py", 829), ("train_step", "train.py", 104), MAIN],
         Site::Weights => &[("load_state_dict", "serve.py", 37), ("load_model", "serve.py", 29), SMAIN],
         Site::Prefill => &[("forward", "model.py", 66), ("prefill", "serve.py", 88), SERVE, SMAIN],
@@ -258,9 +270,7 @@ impl Emit {
         let i = site as usize;
         if self.site_stack[i] == 0 {
             self.site_stack[i] = self.stacks.len() as StackId;
-            self.stacks.push(
-                site_frames(site).iter().map(|&(n, f, l)| Frame { name: n.into(), filename: f.into(), line: l }).collect(),
-            );
+            self.stacks.push(site_frames(site).iter().map(|&(n, f, l)| Frame { name: n.into(), filename: f.into(), line: l }).collect());
         }
         self.site_stack[i]
     }
@@ -995,10 +1005,9 @@ pub fn write_file(spec: &Spec, path: &Path) -> Result<Stats, TraceError> {
             w.flush().map_err(io)?;
             Ok(stats)
         }
-        None => Err(io(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "unknown output format: name the file *.jsonl, *.jsonl.gz, *.pickle or *.pickle.gz",
-        ))),
+        None => {
+            Err(io(std::io::Error::new(std::io::ErrorKind::InvalidInput, "unknown output format: name the file *.jsonl, *.jsonl.gz, *.pickle or *.pickle.gz")))
+        }
         Some((OutputFormat::Pickle, _)) => {
             let (snap, stats) = snapshot(spec);
             allocsim_trace::write_trace(&snap, path)?;

@@ -26,11 +26,7 @@ fn same_seed_same_bytes_other_seed_other_trace() {
         assert_eq!(jsonl(&a), jsonl(&a), "{w:?}: JSON Lines differ between two runs of one seed");
         let (sa, _) = snapshot(&a);
         let (sb, _) = snapshot(&a);
-        assert_eq!(
-            allocsim_trace::snapshot::to_pickle(&sa),
-            allocsim_trace::snapshot::to_pickle(&sb),
-            "{w:?}: pickles differ between two runs of one seed"
-        );
+        assert_eq!(allocsim_trace::snapshot::to_pickle(&sa), allocsim_trace::snapshot::to_pickle(&sb), "{w:?}: pickles differ between two runs of one seed");
         assert_ne!(jsonl(&a), jsonl(&spec(w, 5_000, 8, 2)), "{w:?}: seeds 7 and 8 gave the same trace");
     }
 }

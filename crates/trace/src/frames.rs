@@ -29,11 +29,50 @@ pub enum FrameKind {
 /// PyTorch's top-level modules and packages, as they appear after `…/torch/` in a source checkout
 /// (an installed torch is recognised by `site-packages/torch/` or `dist-packages/torch/`).
 const TORCH_TOP: &[&str] = &[
-    "_", "nn/", "autograd/", "utils/", "cuda/", "distributed/", "optim/", "fx/", "amp/", "jit/", "export/",
-    "profiler/", "functional.py", "overrides.py", "library.py", "random.py", "serialization.py", "storage.py",
-    "__init__.py", "testing/", "backends/", "func/", "sparse/", "nested/", "special/", "linalg/", "fft/",
-    "masked/", "onnx/", "quantization/", "ao/", "compiler/", "multiprocessing/", "distributions/", "package/",
-    "hub.py", "types.py", "return_types.py", "signal/", "xpu/", "mps/", "accelerator/", "mtia/", "cpu/",
+    "_",
+    "nn/",
+    "autograd/",
+    "utils/",
+    "cuda/",
+    "distributed/",
+    "optim/",
+    "fx/",
+    "amp/",
+    "jit/",
+    "export/",
+    "profiler/",
+    "functional.py",
+    "overrides.py",
+    "library.py",
+    "random.py",
+    "serialization.py",
+    "storage.py",
+    "__init__.py",
+    "testing/",
+    "backends/",
+    "func/",
+    "sparse/",
+    "nested/",
+    "special/",
+    "linalg/",
+    "fft/",
+    "masked/",
+    "onnx/",
+    "quantization/",
+    "ao/",
+    "compiler/",
+    "multiprocessing/",
+    "distributions/",
+    "package/",
+    "hub.py",
+    "types.py",
+    "return_types.py",
+    "signal/",
+    "xpu/",
+    "mps/",
+    "accelerator/",
+    "mtia/",
+    "cpu/",
 ];
 
 /// Where a Python file lives: PyTorch's package, or not.
@@ -113,11 +152,7 @@ pub fn frame_text(f: &Frame) -> String {
 
 /// A file in an installed package, from the package on; any other path as it is.
 fn short_path(filename: &str) -> &str {
-    ["site-packages/", "dist-packages/"]
-        .iter()
-        .filter_map(|m| filename.rfind(m).map(|i| &filename[i + m.len()..]))
-        .next()
-        .unwrap_or(filename)
+    ["site-packages/", "dist-packages/"].iter().filter_map(|m| filename.rfind(m).map(|i| &filename[i + m.len()..])).next().unwrap_or(filename)
 }
 
 /// The call site of a stack as text (see [`call_site_frame`]).
@@ -141,7 +176,10 @@ mod tests {
     #[test]
     fn kinds() {
         assert_eq!(kind(&fr("torch::unwind::unwind()", "??", 0)), FrameKind::Native);
-        assert_eq!(kind(&fr("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(unsigned long, CUstream_st*)", "CUDACachingAllocator.cpp", 0)), FrameKind::Native);
+        assert_eq!(
+            kind(&fr("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(unsigned long, CUstream_st*)", "CUDACachingAllocator.cpp", 0)),
+            FrameKind::Native
+        );
         assert_eq!(kind(&fr("_PyEval_EvalFrameDefault", "??", 0)), FrameKind::Native);
         assert_eq!(kind(&fr("forward", "/opt/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py", 125)), FrameKind::Torch);
         assert_eq!(kind(&fr("backward", "/usr/lib/python3/dist-packages/torch/_tensor.py", 626)), FrameKind::Torch);

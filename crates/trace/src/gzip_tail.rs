@@ -142,7 +142,7 @@ impl BitWriter {
     /// `n` bits of `v`, lowest first.
     fn put(&mut self, v: u32, n: usize) {
         for i in 0..n {
-            if self.len % 8 == 0 {
+            if self.len.is_multiple_of(8) {
                 self.bytes.push(0);
             }
             let bit = ((v >> i) & 1) as u8;
@@ -261,7 +261,7 @@ static KRAFT4: [u16; 4096] = {
 fn builds(lens: &[u8], distances: bool) -> bool {
     let Some(sum) = kraft(lens, 15) else { return false };
     let used = lens.iter().filter(|&&l| l > 0).count();
-    sum == 1 << 15 || (used == 1 && lens.iter().any(|&l| l == 1)) || (distances && used == 0)
+    sum == 1 << 15 || (used == 1 && lens.contains(&1)) || (distances && used == 0)
 }
 
 /// The Kraft sum of the code lengths, in units of 2^-`max`; `None` when over-subscribed.

@@ -41,6 +41,9 @@ pub struct GzReader<R: BufRead> {
     members: u64,
 }
 
+// The decoder's state is large beside the other variants', and there is one `GzState` per file
+// read: boxing it would buy nothing.
+#[allow(clippy::large_enum_variant)]
 enum GzState<R: BufRead> {
     Member(flate2::bufread::GzDecoder<Counting<R>>),
     Between(Counting<R>),
@@ -190,7 +193,11 @@ enum LookState {
 enum Arg {
     Fixed(usize),
     /// A little-endian length of this many bytes, then that many bytes (`signed`: an `i32`).
-    Counted { width: usize, signed: bool, skip_body: bool },
+    Counted {
+        width: usize,
+        signed: bool,
+        skip_body: bool,
+    },
     Lines(u8),
     /// An opcode the decoders end at (STOP, or one they refuse, or not an opcode).
     End,
@@ -199,7 +206,9 @@ enum Arg {
 fn arg_of(op: u8) -> Arg {
     use Arg::*;
     match op {
-        b'(' | b'0' | b'1' | b'2' | b'N' | b'a' | b'd' | b'}' | b'e' | b'l' | b']' | b's' | b't' | b')' | b'u' | 0x85..=0x89 | 0x8f | 0x90 | 0x91 | 0x94 => Fixed(0),
+        b'(' | b'0' | b'1' | b'2' | b'N' | b'a' | b'd' | b'}' | b'e' | b'l' | b']' | b's' | b't' | b')' | b'u' | 0x85..=0x89 | 0x8f | 0x90 | 0x91 | 0x94 => {
+            Fixed(0)
+        }
         b'K' | b'h' | b'q' | 0x80 => Fixed(1),
         b'M' => Fixed(2),
         b'J' | b'j' | b'r' => Fixed(4),

@@ -91,9 +91,8 @@ use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{
-    Action, Annotation, BlockState, EntryMeta, Frame, MetaInterner, NO_COMPILE_CONTEXT,
-    RecordedSettings, Snapshot, SnapshotBlock, SnapshotSegment, StackId, StrInterner, TraceEntry,
-    TraceError,
+    Action, Annotation, BlockState, EntryMeta, Frame, MetaInterner, NO_COMPILE_CONTEXT, RecordedSettings, Snapshot, SnapshotBlock, SnapshotSegment, StackId,
+    StrInterner, TraceEntry, TraceError,
 };
 
 pub const FORMAT: &str = "allocsim-trace";
@@ -161,9 +160,7 @@ impl<'de> Deserialize<'de> for AnnotationIn {
                         "device" => out.device = m.next_value()?,
                         "time_us" => out.time_us = m.next_value()?,
                         _ => {
-                            let v = m.next_value::<Cow<'de, str>>().map_err(|e| {
-                                serde::de::Error::custom(format!("annotation field {k:?}: {e}"))
-                            })?;
+                            let v = m.next_value::<Cow<'de, str>>().map_err(|e| serde::de::Error::custom(format!("annotation field {k:?}: {e}")))?;
                             out.fields.push((k.into_owned(), v.into_owned()));
                         }
                     }
@@ -203,11 +200,7 @@ impl<'de> Deserialize<'de> for OrderedDivisions {
             fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
                 let mut out = Vec::new();
                 while let Some((k, v)) = m.next_entry::<Cow<'de, str>, u64>()? {
-                    let k = k.parse::<u64>().map_err(|_| {
-                        serde::de::Error::custom(format!(
-                            "roundup_power2_divisions key {k:?} is not an integer"
-                        ))
-                    })?;
+                    let k = k.parse::<u64>().map_err(|_| serde::de::Error::custom(format!("roundup_power2_divisions key {k:?} is not an integer")))?;
                     out.push((k, v));
                 }
                 Ok(OrderedDivisions(out))
@@ -307,7 +300,10 @@ pub enum Parsed {
     /// An empty or whitespace-only line.
     Blank,
     Header(Header),
-    Event { device: usize, entry: TraceEntry },
+    Event {
+        device: usize,
+        entry: TraceEntry,
+    },
     Segment(SnapshotSegment),
     Annotation(Annotation),
 }
@@ -337,17 +333,8 @@ impl LineParser {
     /// `keep_stacks`: intern the frames of events and blocks and the events' `compile_context` and
     /// `user_metadata` (else frames are checked and dropped, and metadata dropped).
     pub fn new(keep_stacks: bool) -> LineParser {
-        let stacks = keep_stacks.then(|| Interner {
-            stacks: vec![Vec::new()],
-            ..Default::default()
-        });
-        LineParser {
-            saw_header: false,
-            devices: None,
-            stacks,
-            metas: keep_stacks.then(MetaInterner::default),
-            strs: StrInterner::default(),
-        }
+        let stacks = keep_stacks.then(|| Interner { stacks: vec![Vec::new()], ..Default::default() });
+        LineParser { saw_header: false, devices: None, stacks, metas: keep_stacks.then(MetaInterner::default), strs: StrInterner::default() }
     }
 
     fn intern(&mut self, frames: Option<Vec<Frame>>) -> StackId {
@@ -370,17 +357,13 @@ impl LineParser {
                 Some(FORMAT) => {}
                 Some(f) => return Err(err(format!("format is {f:?}, expected {FORMAT:?}"))),
                 None => {
-                    return Err(err(format!(
-                        "the first line must be the header {{\"format\":\"{FORMAT}\",\"version\":{VERSION},…}}"
-                    )));
+                    return Err(err(format!("the first line must be the header {{\"format\":\"{FORMAT}\",\"version\":{VERSION},…}}")));
                 }
             }
             match l.version {
                 Some(VERSION) => {}
                 v => {
-                    return Err(err(format!(
-                        "unsupported version {v:?}; this reader reads version {VERSION}"
-                    )));
+                    return Err(err(format!("unsupported version {v:?}; this reader reads version {VERSION}")));
                 }
             }
             if let Some(n) = l.devices
@@ -389,20 +372,14 @@ impl LineParser {
                 return Err(err(format!("implausible number of devices {n}")));
             }
             self.devices = l.devices;
-            let mut h = Header {
-                devices: l.devices,
-                ..Default::default()
-            };
+            let mut h = Header { devices: l.devices, ..Default::default() };
             if let Some(s) = l.allocator_settings {
                 h.settings = RecordedSettings {
                     alloc_conf: s.alloc_conf,
                     max_split_size: s.max_split_size,
                     garbage_collection_threshold: s.garbage_collection_threshold,
                     expandable_segments: s.expandable_segments,
-                    roundup_power2_divisions: s
-                        .roundup_power2_divisions
-                        .map(|d| d.0)
-                        .unwrap_or_default(),
+                    roundup_power2_divisions: s.roundup_power2_divisions.map(|d| d.0).unwrap_or_default(),
                     present: true,
                     keys: None,
                 };
@@ -414,11 +391,7 @@ impl LineParser {
             return Err(err("a second header line".into()));
         }
         if let Some(a) = l.annotation {
-            let fields = a
-                .fields
-                .iter()
-                .map(|(k, v)| (self.strs.intern(k), self.strs.intern(v)))
-                .collect();
+            let fields = a.fields.iter().map(|(k, v)| (self.strs.intern(k), self.strs.intern(v))).collect();
             return Ok(Parsed::Annotation(Annotation { device: a.device, time_us: a.time_us, fields }));
         }
         if let Some(s) = l.segment {
@@ -427,22 +400,13 @@ impl LineParser {
                 "small" => true,
                 "large" => false,
                 t => {
-                    return Err(err(format!(
-                        "segment_type {t:?}, expected \"small\" or \"large\""
-                    )));
+                    return Err(err(format!("segment_type {t:?}, expected \"small\" or \"large\"")));
                 }
             };
             let mut blocks = Vec::with_capacity(s.blocks.len());
             for (j, b) in s.blocks.into_iter().enumerate() {
-                let state = parse_state(&b.state)
-                    .ok_or_else(|| err(format!("blocks[{j}]: unknown state {:?}", b.state)))?;
-                blocks.push(SnapshotBlock {
-                    address: b.address,
-                    size: b.size,
-                    requested_size: b.requested_size,
-                    state,
-                    stack: self.intern(b.frames),
-                });
+                let state = parse_state(&b.state).ok_or_else(|| err(format!("blocks[{j}]: unknown state {:?}", b.state)))?;
+                blocks.push(SnapshotBlock { address: b.address, size: b.size, requested_size: b.requested_size, state, stack: self.intern(b.frames) });
             }
             return Ok(Parsed::Segment(SnapshotSegment {
                 device: s.device,
@@ -459,60 +423,37 @@ impl LineParser {
             }));
         }
         let Some(a) = l.action else {
-            return Err(err(
-                "neither an event (no \"action\") nor a segment line (no \"segment\")".into(),
-            ));
+            return Err(err("neither an event (no \"action\") nor a segment line (no \"segment\")".into()));
         };
         let action = Action::parse(&a).ok_or_else(|| err(format!("unknown action {a:?}")))?;
         let dev = l.device.unwrap_or(0);
         let addr = if action == Action::Oom {
-            l.device_free
-                .or(l.addr)
-                .ok_or_else(|| err("an oom event needs \"device_free\"".into()))?
+            l.device_free.or(l.addr).ok_or_else(|| err("an oom event needs \"device_free\"".into()))?
         } else {
-            l.addr
-                .ok_or_else(|| err(format!("a {} event needs \"addr\"", action.as_str())))?
+            l.addr.ok_or_else(|| err(format!("a {} event needs \"addr\"", action.as_str())))?
         };
-        let size = l
-            .size
-            .ok_or_else(|| err("an event needs \"size\"".into()))?;
+        let size = l.size.ok_or_else(|| err("an event needs \"size\"".into()))?;
         match self.devices {
             Some(n) if dev >= n => {
-                return Err(err(format!(
-                    "device {dev}, but the header declares {n} device(s)"
-                )));
+                return Err(err(format!("device {dev}, but the header declares {n} device(s)")));
             }
             None if dev >= 1 << 16 => return Err(err(format!("implausible device {dev}"))),
             _ => {}
         }
         let meta = match &mut self.metas {
-            Some(m) => m.intern(
-                l.compile_context.as_deref().unwrap_or(NO_COMPILE_CONTEXT),
-                l.user_metadata.as_deref().unwrap_or(""),
-            ),
+            Some(m) => m.intern(l.compile_context.as_deref().unwrap_or(NO_COMPILE_CONTEXT), l.user_metadata.as_deref().unwrap_or("")),
             None => 0,
         };
         Ok(Parsed::Event {
             device: dev,
-            entry: TraceEntry {
-                action,
-                addr,
-                size,
-                stream: l.stream.unwrap_or(0),
-                time_us: l.time_us.unwrap_or(0),
-                stack: self.intern(l.frames),
-                meta,
-            },
+            entry: TraceEntry { action, addr, size, stream: l.stream.unwrap_or(0), time_us: l.time_us.unwrap_or(0), stack: self.intern(l.frames), meta },
         })
     }
 
     /// The end of the input: an error if there was no header; else what was interned.
     pub fn finish(self) -> Result<Tables, TraceError> {
         if !self.saw_header {
-            return Err(TraceError::Jsonl {
-                line: 1,
-                msg: "empty file (no header line)".into(),
-            });
+            return Err(TraceError::Jsonl { line: 1, msg: "empty file (no header line)".into() });
         }
         Ok(Tables {
             stacks: self.stacks.map_or_else(|| vec![Vec::new()], |i| i.stacks),
@@ -563,10 +504,7 @@ impl Serialize for DivisionsOut<'_> {
 
 #[derive(Serialize)]
 struct SettingsOut<'a> {
-    #[serde(
-        rename = "PYTORCH_CUDA_ALLOC_CONF",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "PYTORCH_CUDA_ALLOC_CONF", skip_serializing_if = "Option::is_none")]
     alloc_conf: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_split_size: Option<i64>,
@@ -674,15 +612,7 @@ pub fn write(snap: &Snapshot, out: &mut impl Write) -> std::io::Result<()> {
         expandable_segments: s.expandable_segments,
         roundup_power2_divisions: DivisionsOut(&s.roundup_power2_divisions),
     });
-    line(
-        out,
-        &HeaderOut {
-            format: FORMAT,
-            version: VERSION,
-            allocator_settings: settings,
-            devices: snap.device_traces.len(),
-        },
-    )?;
+    line(out, &HeaderOut { format: FORMAT, version: VERSION, allocator_settings: settings, devices: snap.device_traces.len() })?;
     for (device, entries) in snap.device_traces.iter().enumerate() {
         for e in entries {
             let oom = e.action == Action::Oom;
@@ -697,8 +627,7 @@ pub fn write(snap: &Snapshot, out: &mut impl Write) -> std::io::Result<()> {
                     stream: e.stream,
                     time_us: e.time_us,
                     frames: snap.stack(e.stack),
-                    compile_context: Some(snap.compile_context(e.meta))
-                        .filter(|&c| c != NO_COMPILE_CONTEXT),
+                    compile_context: Some(snap.compile_context(e.meta)).filter(|&c| c != NO_COMPILE_CONTEXT),
                     user_metadata: Some(snap.user_metadata(e.meta)).filter(|u| !u.is_empty()),
                 },
             )?;
@@ -711,13 +640,7 @@ pub fn write(snap: &Snapshot, out: &mut impl Write) -> std::io::Result<()> {
         let blocks = seg
             .blocks
             .iter()
-            .map(|b| BlockOut {
-                address: b.address,
-                size: b.size,
-                requested_size: b.requested_size,
-                state: state_str(b.state),
-                frames: snap.stack(b.stack),
-            })
+            .map(|b| BlockOut { address: b.address, size: b.size, requested_size: b.requested_size, state: state_str(b.state), frames: snap.stack(b.stack) })
             .collect();
         line(
             out,

@@ -27,11 +27,7 @@ pub struct Source {
 
 impl Source {
     fn error(&self, e: std::io::Error, after: u64) -> TraceError {
-        if self.gzip {
-            TraceError::Gzip(format!("{e} (after {after} decompressed bytes)"))
-        } else {
-            TraceError::Io { path: self.path.clone(), source: e }
-        }
+        if self.gzip { TraceError::Gzip(format!("{e} (after {after} decompressed bytes)")) } else { TraceError::Io { path: self.path.clone(), source: e } }
     }
 }
 
@@ -50,16 +46,7 @@ pub struct Events<R: BufRead> {
 
 impl<R: BufRead> Events<R> {
     pub fn new(r: R, source: Source) -> Events<R> {
-        Events {
-            r,
-            source,
-            line: Vec::new(),
-            lineno: 0,
-            read: 0,
-            parser: Some(LineParser::new(false)),
-            header: None,
-            max_device: None,
-        }
+        Events { r, source, line: Vec::new(), lineno: 0, read: 0, parser: Some(LineParser::new(false)), header: None, max_device: None }
     }
 
     /// The header, once read.
@@ -69,10 +56,7 @@ impl<R: BufRead> Events<R> {
 
     /// The number of devices: as the header declares, else one more than the highest device seen.
     pub fn devices(&self) -> usize {
-        self.header
-            .as_ref()
-            .and_then(|h| h.devices)
-            .unwrap_or_else(|| self.max_device.map_or(0, |d| d + 1))
+        self.header.as_ref().and_then(|h| h.devices).unwrap_or_else(|| self.max_device.map_or(0, |d| d + 1))
     }
 
     /// The number of lines read so far.
@@ -150,7 +134,10 @@ impl<R: BufRead> Iterator for Events<R> {
                     } else {
                         Some(Err(TraceError::Jsonl {
                             line: lineno,
-                            msg: format!("longer than the {} MiB a line may hold (allocsim_trace::input::MAX_VALUE_BYTES)", crate::input::MAX_VALUE_BYTES >> 20),
+                            msg: format!(
+                                "longer than the {} MiB a line may hold (allocsim_trace::input::MAX_VALUE_BYTES)",
+                                crate::input::MAX_VALUE_BYTES >> 20
+                            ),
                         }))
                     };
                     self.line.clear();
@@ -193,7 +180,6 @@ pub enum Scanned {
     /// order (what [`crate::jsonl::read`] reports) takes a pass with [`Events`] to tell.
     Invalid,
 }
-
 
 /// The first pass over a JSON Lines trace: the header, the final segments and the segment events,
 /// parsing only the lines that can hold them (see the module documentation). I/O errors are

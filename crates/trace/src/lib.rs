@@ -280,7 +280,8 @@ pub struct RecordedSettings {
 impl PartialEq for RecordedSettings {
     fn eq(&self, other: &Self) -> bool {
         // (Every field but `keys`, named so that a field added is decided here too.)
-        let RecordedSettings { alloc_conf, max_split_size, garbage_collection_threshold, expandable_segments, roundup_power2_divisions, present, keys: _ } = self;
+        let RecordedSettings { alloc_conf, max_split_size, garbage_collection_threshold, expandable_segments, roundup_power2_divisions, present, keys: _ } =
+            self;
         *alloc_conf == other.alloc_conf
             && *max_split_size == other.max_split_size
             && *garbage_collection_threshold == other.garbage_collection_threshold
@@ -506,11 +507,7 @@ pub fn read_trace_whole(path: &Path) -> Result<Snapshot, TraceError> {
     let mut head = Vec::with_capacity(2);
     (&mut f).take(2).read_to_end(&mut head).map_err(io)?;
     let r = std::io::Read::chain(&head[..], f);
-    let bytes = if input::is_gzip(&head) {
-        gunzip_from(std::io::BufReader::with_capacity(1 << 18, r))?
-    } else {
-        input::read_bounded(r, false).map_err(io)?.0
-    };
+    let bytes = if input::is_gzip(&head) { gunzip_from(std::io::BufReader::with_capacity(1 << 18, r))? } else { input::read_bounded(r, false).map_err(io)?.0 };
     read_trace_bytes_whole(&bytes)
 }
 
@@ -552,8 +549,7 @@ pub fn read_trace_bytes_whole(bytes: &[u8]) -> Result<Snapshot, TraceError> {
 }
 
 /// What a trace file is, for the errors of a file that is none.
-const WHAT_A_SNAPSHOT_IS: &str =
-    " (a trace is what torch.cuda.memory._dump_snapshot writes, plain or gzip'd, the snapshot as JSON, or allocsim's JSON Lines)";
+const WHAT_A_SNAPSHOT_IS: &str = " (a trace is what torch.cuda.memory._dump_snapshot writes, plain or gzip'd, the snapshot as JSON, or allocsim's JSON Lines)";
 
 /// The error for bytes the pickle decoder refused that are text, not a pickle: a pickle of
 /// protocol 2 or later (what `pickle.dump` writes by default, so `_dump_snapshot`) starts with
@@ -573,7 +569,11 @@ fn not_a_pickle(bytes: &[u8]) -> Option<TraceError> {
         return None;
     }
     let shown: String = text.chars().take(40).map(|c| if c.is_ascii_whitespace() { ' ' } else { c }).collect();
-    Some(TraceError::NotSnapshot(format!("the file is text ({:?}), neither a snapshot pickle (one starts with byte 0x80) nor JSON{}", shown.trim_end(), WHAT_A_SNAPSHOT_IS)))
+    Some(TraceError::NotSnapshot(format!(
+        "the file is text ({:?}), neither a snapshot pickle (one starts with byte 0x80) nor JSON{}",
+        shown.trim_end(),
+        WHAT_A_SNAPSHOT_IS
+    )))
 }
 
 /// The keys of the dict `torch.cuda.memory._snapshot()` returns.
@@ -685,17 +685,8 @@ impl OutputFormat {
 }
 
 /// Writes `snap` to `out` in `format`, gzip'd when `gzip` (`out` should be buffered).
-pub fn write_trace_to(
-    snap: &Snapshot,
-    format: OutputFormat,
-    gzip: bool,
-    out: &mut impl std::io::Write,
-) -> std::io::Result<()> {
-    fn plain(
-        snap: &Snapshot,
-        format: OutputFormat,
-        out: &mut impl std::io::Write,
-    ) -> std::io::Result<()> {
+pub fn write_trace_to(snap: &Snapshot, format: OutputFormat, gzip: bool, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    fn plain(snap: &Snapshot, format: OutputFormat, out: &mut impl std::io::Write) -> std::io::Result<()> {
         match format {
             OutputFormat::Jsonl => jsonl::write(snap, out),
             OutputFormat::Pickle => out.write_all(&snapshot::to_pickle(snap)),

@@ -63,11 +63,7 @@ pub use crate::input::MAX_VALUE_BYTES;
 pub const MEMO_INDEX_SLACK: u64 = 1 << 20;
 
 fn too_long(op: u8, n: u64) -> String {
-    format!(
-        "{} declares {n} bytes, more than the {} MiB a snapshot value may hold (allocsim_trace::input::MAX_VALUE_BYTES)",
-        name(op),
-        MAX_VALUE_BYTES >> 20
-    )
+    format!("{} declares {n} bytes, more than the {} MiB a snapshot value may hold (allocsim_trace::input::MAX_VALUE_BYTES)", name(op), MAX_VALUE_BYTES >> 20)
 }
 
 /// Python's default limit on the digits of a decimal integer (`sys.get_int_max_str_digits()`),
@@ -153,11 +149,7 @@ impl<'a> Decoded<'a> {
 
     fn span(&self, start: u64, len: u32) -> &[u8] {
         let n = self.input.len() as u64;
-        let (buf, s) = if start < n {
-            (self.input, start)
-        } else {
-            (&self.extra[..], start - n)
-        };
+        let (buf, s) = if start < n { (self.input, start) } else { (&self.extra[..], start - n) };
         // Spans are created by the decoder and always in bounds; stay panic-free regardless.
         let s = s as usize;
         buf.get(s..s.saturating_add(len as usize)).unwrap_or(&[])
@@ -234,9 +226,7 @@ impl<'a> Decoded<'a> {
     /// The items of a list, tuple, set or frozenset.
     pub fn items(&self, v: Value) -> Option<&[Value]> {
         match v {
-            Value::List(id) | Value::Tuple(id) | Value::Set(id) | Value::FrozenSet(id) => {
-                self.seqs.get(id as usize).map(|x| x.as_slice())
-            }
+            Value::List(id) | Value::Tuple(id) | Value::Set(id) | Value::FrozenSet(id) => self.seqs.get(id as usize).map(|x| x.as_slice()),
             _ => None,
         }
     }
@@ -251,11 +241,7 @@ impl<'a> Decoded<'a> {
 
     /// `d[key]` for a `str` key (the last matching pair, as a Python dict would keep).
     pub fn dict_get(&self, d: Value, key: &str) -> Option<Value> {
-        self.dict(d)?
-            .iter()
-            .rev()
-            .find(|(k, _)| self.str_bytes(*k) == Some(key.as_bytes()))
-            .map(|&(_, v)| v)
+        self.dict(d)?.iter().rev().find(|(k, _)| self.str_bytes(*k) == Some(key.as_bytes())).map(|&(_, v)| v)
     }
 
     /// A short Python-like rendering for messages and debugging; recursion is cut at `max_depth`
@@ -301,11 +287,7 @@ impl<'a> Decoded<'a> {
                 let _ = write!(s, "{:?}", self.str(v).unwrap_or(""));
             }
             Value::Bytes { .. } => {
-                let _ = write!(
-                    s,
-                    "b{:?}",
-                    String::from_utf8_lossy(self.bytes(v).unwrap_or(&[]))
-                );
+                let _ = write!(s, "b{:?}", String::from_utf8_lossy(self.bytes(v).unwrap_or(&[])));
             }
             Value::List(_) | Value::Tuple(_) | Value::Set(_) | Value::FrozenSet(_) => {
                 let (open, close) = match v {
@@ -372,13 +354,7 @@ pub fn decode(input: &[u8]) -> Result<Decoded<'_>, PickleError> {
         dicts: Vec::new(),
     };
     let root = d.run()?;
-    Ok(Decoded {
-        input,
-        extra: d.extra,
-        seqs: d.seqs,
-        dicts: d.dicts,
-        root,
-    })
+    Ok(Decoded { input, extra: d.extra, seqs: d.seqs, dicts: d.dicts, root })
 }
 
 /// The name of a pickle opcode byte, if it is one.
@@ -471,10 +447,7 @@ struct Decoder<'a> {
 }
 
 fn err<T>(offset: usize, msg: impl Into<String>) -> Result<T, PickleError> {
-    Err(PickleError {
-        offset,
-        msg: msg.into(),
-    })
+    Err(PickleError { offset, msg: msg.into() })
 }
 
 fn name(op: u8) -> &'static str {
@@ -486,13 +459,7 @@ impl<'a> Decoder<'a> {
     fn take(&mut self, n: usize, at: usize, op: u8) -> Result<&'a [u8], PickleError> {
         let rem = self.input.len() - self.pos;
         if n > rem {
-            return err(
-                at,
-                format!(
-                    "{} needs {n} bytes of argument but only {rem} remain (truncated input?)",
-                    name(op)
-                ),
-            );
+            return err(at, format!("{} needs {n} bytes of argument but only {rem} remain (truncated input?)", name(op)));
         }
         let s = &self.input[self.pos..self.pos + n];
         self.pos += n;
@@ -514,13 +481,7 @@ impl<'a> Decoder<'a> {
         }
         let rem = (self.input.len() - self.pos) as u64;
         if n > rem {
-            return err(
-                at,
-                format!(
-                    "{} declares {n} bytes but only {rem} remain (truncated or corrupt input)",
-                    name(op)
-                ),
-            );
+            return err(at, format!("{} declares {n} bytes but only {rem} remain (truncated or corrupt input)", name(op)));
         }
         Ok(n as usize)
     }
@@ -528,13 +489,7 @@ impl<'a> Decoder<'a> {
     /// The span of `n` bytes at the current position (already length-checked) as `start`.
     fn span_here(&mut self, n: usize, at: usize, op: u8) -> Result<(u64, u32), PickleError> {
         if n > u32::MAX as usize {
-            return err(
-                at,
-                format!(
-                    "{} of {n} bytes is larger than the supported 4 GiB",
-                    name(op)
-                ),
-            );
+            return err(at, format!("{} of {n} bytes is larger than the supported 4 GiB", name(op)));
         }
         let start = self.pos as u64;
         self.take(n, at, op)?;
@@ -593,13 +548,7 @@ impl<'a> Decoder<'a> {
     /// The container just below a popped mark (`stack[start-1]`), which must be above the new base.
     fn below_mark(&self, start: usize, at: usize, op: u8) -> Result<Value, PickleError> {
         if start == 0 || start - 1 < self.base() {
-            return err(
-                at,
-                format!(
-                    "{}: stack underflow (no container below the MARK)",
-                    name(op)
-                ),
-            );
+            return err(at, format!("{}: stack underflow (no container below the MARK)", name(op)));
         }
         Ok(self.stack[start - 1])
     }
@@ -622,23 +571,12 @@ impl<'a> Decoder<'a> {
         Ok(id as DictId)
     }
 
-    fn pairs_from(
-        &mut self,
-        start: usize,
-        at: usize,
-        op: u8,
-    ) -> Result<Vec<(Value, Value)>, PickleError> {
+    fn pairs_from(&mut self, start: usize, at: usize, op: u8) -> Result<Vec<(Value, Value)>, PickleError> {
         let n = self.stack.len() - start;
         if !n.is_multiple_of(2) {
-            return err(
-                at,
-                format!("{}: odd number of items ({n}) after MARK", name(op)),
-            );
+            return err(at, format!("{}: odd number of items ({n}) after MARK", name(op)));
         }
-        let pairs = self.stack[start..]
-            .chunks_exact(2)
-            .map(|c| (c[0], c[1]))
-            .collect();
+        let pairs = self.stack[start..].chunks_exact(2).map(|c| (c[0], c[1])).collect();
         self.stack.truncate(start);
         Ok(pairs)
     }
@@ -675,19 +613,12 @@ impl<'a> Decoder<'a> {
     }
 
     fn memo_get(&self, idx: u64, at: usize, op: u8) -> Result<Value, PickleError> {
-        if let Some(&v) = self
-            .memo
-            .get(idx as usize)
-            .filter(|_| idx < self.memo.len() as u64)
-        {
+        if let Some(&v) = self.memo.get(idx as usize).filter(|_| idx < self.memo.len() as u64) {
             return Ok(v);
         }
         match self.sparse_memo.get(&idx) {
             Some(&v) => Ok(v),
-            None => err(
-                at,
-                format!("{}: memo key {idx} not found (corrupt pickle)", name(op)),
-            ),
+            None => err(at, format!("{}: memo key {idx} not found (corrupt pickle)", name(op))),
         }
     }
 
@@ -707,19 +638,17 @@ impl<'a> Decoder<'a> {
         match memchr::memchr(b'\n', within) {
             None if rest.len() > MAX_VALUE_BYTES as usize => err(
                 at,
-                format!("{}: argument line longer than the {} MiB a snapshot value may hold (allocsim_trace::input::MAX_VALUE_BYTES)", name(op), MAX_VALUE_BYTES >> 20),
+                format!(
+                    "{}: argument line longer than the {} MiB a snapshot value may hold (allocsim_trace::input::MAX_VALUE_BYTES)",
+                    name(op),
+                    MAX_VALUE_BYTES >> 20
+                ),
             ),
             Some(i) => {
                 self.pos += i + 1;
                 Ok(&rest[..i])
             }
-            None => err(
-                at,
-                format!(
-                    "{}: argument line has no terminating newline (truncated input?)",
-                    name(op)
-                ),
-            ),
+            None => err(at, format!("{}: argument line has no terminating newline (truncated input?)", name(op))),
         }
     }
 
@@ -732,23 +661,10 @@ impl<'a> Decoder<'a> {
         };
         let digits: Vec<u8> = digits.iter().copied().filter(|&c| c != b'_').collect();
         if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-            return err(
-                at,
-                format!(
-                    "{}: invalid integer literal {:?}",
-                    name(op),
-                    String::from_utf8_lossy(line)
-                ),
-            );
+            return err(at, format!("{}: invalid integer literal {:?}", name(op), String::from_utf8_lossy(line)));
         }
         if digits.len() > MAX_INT_DIGITS {
-            return err(
-                at,
-                format!(
-                    "{}: integer literal has more than {MAX_INT_DIGITS} digits",
-                    name(op)
-                ),
-            );
+            return err(at, format!("{}: integer literal has more than {MAX_INT_DIGITS} digits", name(op)));
         }
         // Magnitude as little-endian base-2^32 limbs.
         let mut limbs: Vec<u32> = vec![0];
@@ -798,39 +714,13 @@ impl<'a> Decoder<'a> {
         std::str::from_utf8(line)
             .ok()
             .and_then(|s| s.trim().parse::<u64>().ok())
-            .map_or_else(
-                || {
-                    err(
-                        at,
-                        format!(
-                            "{}: invalid memo index {:?}",
-                            name(op),
-                            String::from_utf8_lossy(line)
-                        ),
-                    )
-                },
-                Ok,
-            )
+            .map_or_else(|| err(at, format!("{}: invalid memo index {:?}", name(op), String::from_utf8_lossy(line))), Ok)
     }
 
     /// An 8-bit string of the text protocols: `str` if valid UTF-8, else `bytes`.
-    fn eight_bit_string(
-        &mut self,
-        b: &[u8],
-        owned: bool,
-        start: u64,
-        at: usize,
-    ) -> Result<Value, PickleError> {
-        let (start, len) = if owned {
-            self.push_extra(b, at)?
-        } else {
-            (start, b.len() as u32)
-        };
-        Ok(if std::str::from_utf8(b).is_ok() {
-            Value::Str { start, len }
-        } else {
-            Value::Bytes { start, len }
-        })
+    fn eight_bit_string(&mut self, b: &[u8], owned: bool, start: u64, at: usize) -> Result<Value, PickleError> {
+        let (start, len) = if owned { self.push_extra(b, at)? } else { (start, b.len() as u32) };
+        Ok(if std::str::from_utf8(b).is_ok() { Value::Str { start, len } } else { Value::Bytes { start, len } })
     }
 
     fn run(&mut self) -> Result<Value, PickleError> {
@@ -1091,19 +981,11 @@ impl<'a> Decoder<'a> {
                 }
                 b'F' => {
                     let line = self.line(at, op)?;
-                    let v = std::str::from_utf8(line)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<f64>().ok());
+                    let v = std::str::from_utf8(line).ok().and_then(|s| s.trim().parse::<f64>().ok());
                     match v {
                         Some(f) => self.stack.push(Value::Float(f)),
                         None => {
-                            return err(
-                                at,
-                                format!(
-                                    "FLOAT: invalid literal {:?}",
-                                    String::from_utf8_lossy(line)
-                                ),
-                            );
+                            return err(at, format!("FLOAT: invalid literal {:?}", String::from_utf8_lossy(line)));
                         }
                     }
                 }
@@ -1113,10 +995,7 @@ impl<'a> Decoder<'a> {
                         [q, inner @ .., q2] if q == q2 && (*q == b'\'' || *q == b'"') => inner,
                         _ => return err(at, "STRING: argument must be quoted"),
                     };
-                    let b = escape_decode(inner).map_err(|m| PickleError {
-                        offset: at,
-                        msg: format!("STRING: {m}"),
-                    })?;
+                    let b = escape_decode(inner).map_err(|m| PickleError { offset: at, msg: format!("STRING: {m}") })?;
                     let v = self.eight_bit_string(&b, true, 0, at)?;
                     self.stack.push(v);
                 }
@@ -1139,16 +1018,12 @@ impl<'a> Decoder<'a> {
                 }
                 b'V' => {
                     let line = self.line(at, op)?;
-                    let s = raw_unicode_escape_decode(line).map_err(|m| PickleError {
-                        offset: at,
-                        msg: format!("UNICODE: {m}"),
-                    })?;
+                    let s = raw_unicode_escape_decode(line).map_err(|m| PickleError { offset: at, msg: format!("UNICODE: {m}") })?;
                     let (start, len) = self.push_extra(s.as_bytes(), at)?;
                     self.stack.push(Value::Str { start, len });
                 }
                 // ---- refused: these would import, call or construct Python objects
-                b'c' | 0x93 | b'R' | b'b' | b'i' | b'o' | 0x81 | 0x92 | b'P' | b'Q' | 0x82
-                | 0x83 | 0x84 | 0x97 | 0x98 => {
+                b'c' | 0x93 | b'R' | b'b' | b'i' | b'o' | 0x81 | 0x92 | b'P' | b'Q' | 0x82 | 0x83 | 0x84 | 0x97 | 0x98 => {
                     return err(
                         at,
                         format!(
@@ -1159,10 +1034,7 @@ impl<'a> Decoder<'a> {
                     );
                 }
                 _ => {
-                    return err(
-                        at,
-                        format!("unknown pickle opcode 0x{op:02x} (not a pickle, or corrupt)"),
-                    );
+                    return err(at, format!("unknown pickle opcode 0x{op:02x} (not a pickle, or corrupt)"));
                 }
             }
         }
@@ -1225,10 +1097,7 @@ fn escape_decode(s: &[u8]) -> Result<Vec<u8>, String> {
                 out.push(v as u8);
             }
             b'x' => {
-                let h = s
-                    .get(i..i + 2)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                let h = s.get(i..i + 2).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok());
                 match h {
                     Some(v) => {
                         out.push(v);
@@ -1273,14 +1142,8 @@ fn raw_unicode_escape_decode(s: &[u8]) -> Result<String, String> {
             .and_then(|h| std::str::from_utf8(h).ok())
             .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
             .and_then(|h| u32::from_str_radix(h, 16).ok())
-            .ok_or_else(|| {
-                format!(
-                    "truncated \\{}XXXX escape",
-                    if count == 4 { 'u' } else { 'U' }
-                )
-            })?;
-        let ch = char::from_u32(code)
-            .ok_or_else(|| format!("\\u escape {code:#x} is not a Unicode scalar value"))?;
+            .ok_or_else(|| format!("truncated \\{}XXXX escape", if count == 4 { 'u' } else { 'U' }))?;
+        let ch = char::from_u32(code).ok_or_else(|| format!("\\u escape {code:#x} is not a Unicode scalar value"))?;
         out.push(ch);
         i += count;
     }

@@ -71,13 +71,22 @@ enum V {
     Bool(bool),
     Int(i64),
     /// Little-endian two's complement bytes in the string arena.
-    Big { start: u32, len: u32 },
+    Big {
+        start: u32,
+        len: u32,
+    },
     Float(f64),
     /// UTF-8 in the string arena.
-    Str { start: u32, len: u32 },
+    Str {
+        start: u32,
+        len: u32,
+    },
     /// One of [`WORDS`].
     Word(u8),
-    Bytes { start: u32, len: u32 },
+    Bytes {
+        start: u32,
+        len: u32,
+    },
     List(u32),
     Tuple(u32),
     Set(u32),
@@ -192,7 +201,6 @@ fn word(b: &[u8]) -> Option<u8> {
     })
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // The memo
 
@@ -267,7 +275,11 @@ impl Memo {
         match self.pages.get((idx >> PAGE_BITS) as usize) {
             Some(Some(Page::Full(p))) => self.decode(p[i]),
             Some(Some(Page::Na(bits))) => {
-                if bits[i / 64] >> (i % 64) & 1 != 0 { V::Word(W_NA) } else { V::Absent }
+                if bits[i / 64] >> (i % 64) & 1 != 0 {
+                    V::Word(W_NA)
+                } else {
+                    V::Absent
+                }
             }
             _ => V::Absent,
         }
@@ -499,8 +511,16 @@ const FRAMES_SEEN_BYTES: usize = 16 << 20;
 /// Where the machine's bytes come from.
 enum Input {
     /// Chunks from the thread that reads (and gunzips) the file; used chunks go back to it.
-    Gzip { rx: mpsc::Receiver<std::io::Result<Vec<u8>>>, back: mpsc::Sender<Vec<u8>>, chunk: Vec<u8>, at: usize },
-    Bytes { bytes: std::sync::Arc<[u8]>, at: usize },
+    Gzip {
+        rx: mpsc::Receiver<std::io::Result<Vec<u8>>>,
+        back: mpsc::Sender<Vec<u8>>,
+        chunk: Vec<u8>,
+        at: usize,
+    },
+    Bytes {
+        bytes: std::sync::Arc<[u8]>,
+        at: usize,
+    },
 }
 
 const CHUNK: usize = 1 << 20;
@@ -1073,8 +1093,7 @@ impl Vm {
             }
             _ => {
                 let top = self.top_value();
-                let frames = top == V::Word(F_FRAMES as u8)
-                    && (matches!(self.below_mark(), V::Entry(_)) || matches!(self.second(), V::Entry(_)));
+                let frames = top == V::Word(F_FRAMES as u8) && (matches!(self.below_mark(), V::Entry(_)) || matches!(self.second(), V::Entry(_)));
                 let id = self.new_seq(Vec::new(), frames);
                 self.stack.push(V::List(id));
             }
@@ -1253,11 +1272,7 @@ impl Vm {
             _ => return unstreamable("an entry without a known action"),
         };
         let lenient = action == Action::Annotate;
-        let addr = if action == Action::Oom {
-            if p.f[F_DEVICE_FREE] != V::Absent { p.f[F_DEVICE_FREE] } else { p.f[F_ADDR] }
-        } else {
-            p.f[F_ADDR]
-        };
+        let addr = if action == Action::Oom { if p.f[F_DEVICE_FREE] != V::Absent { p.f[F_DEVICE_FREE] } else { p.f[F_ADDR] } } else { p.f[F_ADDR] };
         let addr = self.u64_field(addr, lenient)?;
         let size = self.u64_field(p.f[F_SIZE], lenient)?;
         let stream = match p.f[F_STREAM] {
@@ -1635,10 +1650,7 @@ impl Vm {
                     self.stack.push(v);
                 }
                 _ => {
-                    return unstreamable(format!(
-                        "pickle opcode {} is not read by the stream",
-                        pickle::opcode_name(op).unwrap_or("(unknown)")
-                    ));
+                    return unstreamable(format!("pickle opcode {} is not read by the stream", pickle::opcode_name(op).unwrap_or("(unknown)")));
                 }
             }
             if !self.out.is_empty() {
@@ -1860,8 +1872,7 @@ impl Vm {
         let stream = ints[F_STREAM] as u64;
         let time_us = ints[F_TIME];
         if let V::List(id) | V::Tuple(id) = frames
-            && (self.seq_memo[id as usize] != GENERIC_SEQ
-                || !self.seq_checked[id as usize] && !self.seqs[id as usize].iter().all(|v| matches!(v, V::Dict(_))))
+            && (self.seq_memo[id as usize] != GENERIC_SEQ || !self.seq_checked[id as usize] && !self.seqs[id as usize].iter().all(|v| matches!(v, V::Dict(_))))
         {
             return Ok(false);
         }
@@ -2034,8 +2045,7 @@ impl Vm {
         }
         let Translate { seqs, dicts, .. } = t;
         let d = pickle::Decoded::from_parts(&self.strs, seqs, dicts, Value::None);
-        let h = crate::snapshot::compact_header_from_decoded(&d, &lists, vals[0], vals[2], vals[3])
-            .map_err(|e| TraceError::Unstreamable(e.to_string()))?;
+        let h = crate::snapshot::compact_header_from_decoded(&d, &lists, vals[0], vals[2], vals[3]).map_err(|e| TraceError::Unstreamable(e.to_string()))?;
         // Metadata too is numbered by first use (the fast path interns it when it reads an
         // entry, the general machine when the entry is appended).
         let metas = std::mem::take(&mut self.metas).into_metas();

@@ -139,13 +139,7 @@ impl Pickler {
     pub fn with_capacity(n: usize) -> Self {
         let mut out = Vec::with_capacity(n.max(16));
         out.extend_from_slice(&[op::PROTO, 4]);
-        Pickler {
-            out,
-            frame: None,
-            memo_len: 0,
-            strs: HashMap::new(),
-            bytes: HashMap::new(),
-        }
+        Pickler { out, frame: None, memo_len: 0, strs: HashMap::new(), bytes: HashMap::new() }
     }
 
     /// Bytes written so far (including frame headers).
@@ -387,14 +381,7 @@ impl Pickler {
     /// Items in batches: `one` after a single item (when `single` allows it), otherwise batches
     /// of up to [`BATCHSIZE`] between MARK and `many`. `empty_tail`: CPython's dict/set loop,
     /// which writes one more (empty) batch after a full last batch.
-    fn batches<I: Iterator>(
-        &mut self,
-        items: I,
-        single: Option<u8>,
-        many: u8,
-        empty_tail: bool,
-        each: &mut impl FnMut(&mut Self, I::Item),
-    ) {
+    fn batches<I: Iterator>(&mut self, items: I, single: Option<u8>, many: u8, empty_tail: bool, each: &mut impl FnMut(&mut Self, I::Item)) {
         let mut it = items.peekable();
         let Some(first) = it.next() else {
             return;
@@ -427,41 +414,21 @@ impl Pickler {
 
     /// A `list`: EMPTY_LIST, MEMOIZE, then `each(self, item)` for every item (which must write
     /// exactly one value). Returns the list's memo id (`None` only when the memo is full).
-    pub fn list<I: IntoIterator>(
-        &mut self,
-        items: I,
-        mut each: impl FnMut(&mut Self, I::Item),
-    ) -> Option<MemoId> {
+    pub fn list<I: IntoIterator>(&mut self, items: I, mut each: impl FnMut(&mut Self, I::Item)) -> Option<MemoId> {
         self.boundary();
         self.write1(op::EMPTY_LIST);
         let id = self.memoize();
-        self.batches(
-            items.into_iter(),
-            Some(op::APPEND),
-            op::APPENDS,
-            false,
-            &mut each,
-        );
+        self.batches(items.into_iter(), Some(op::APPEND), op::APPENDS, false, &mut each);
         id
     }
 
     /// A `dict`: EMPTY_DICT, MEMOIZE, then `each(self, item)` for every item (which must write
     /// exactly two values: the key, then the value). Returns the dict's memo id.
-    pub fn dict<I: IntoIterator>(
-        &mut self,
-        items: I,
-        mut each: impl FnMut(&mut Self, I::Item),
-    ) -> Option<MemoId> {
+    pub fn dict<I: IntoIterator>(&mut self, items: I, mut each: impl FnMut(&mut Self, I::Item)) -> Option<MemoId> {
         self.boundary();
         self.write1(op::EMPTY_DICT);
         let id = self.memoize();
-        self.batches(
-            items.into_iter(),
-            Some(op::SETITEM),
-            op::SETITEMS,
-            true,
-            &mut each,
-        );
+        self.batches(items.into_iter(), Some(op::SETITEM), op::SETITEMS, true, &mut each);
         id
     }
 
@@ -495,11 +462,7 @@ impl Pickler {
     }
 
     /// A `set`: EMPTY_SET, MEMOIZE, ADDITEMS batches.
-    pub fn set<I: IntoIterator>(
-        &mut self,
-        items: I,
-        mut each: impl FnMut(&mut Self, I::Item),
-    ) -> Option<MemoId> {
+    pub fn set<I: IntoIterator>(&mut self, items: I, mut each: impl FnMut(&mut Self, I::Item)) -> Option<MemoId> {
         self.boundary();
         self.write1(op::EMPTY_SET);
         let id = self.memoize();
@@ -508,11 +471,7 @@ impl Pickler {
     }
 
     /// A `frozenset`: MARK, items, FROZENSET, MEMOIZE.
-    pub fn frozenset<I: IntoIterator>(
-        &mut self,
-        items: I,
-        mut each: impl FnMut(&mut Self, I::Item),
-    ) -> Option<MemoId> {
+    pub fn frozenset<I: IntoIterator>(&mut self, items: I, mut each: impl FnMut(&mut Self, I::Item)) -> Option<MemoId> {
         self.boundary();
         self.write1(op::MARK);
         for x in items {

@@ -29,9 +29,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::pickle::{self, Decoded, Value};
 use crate::{
-    Action, Annotation, BlockState, Frame, MetaId, MetaInterner, RecordedSettings, Snapshot,
-    SnapshotBlock, SnapshotSegment, StackId, StrInterner, TraceEntry, TraceError,
-    NO_COMPILE_CONTEXT,
+    Action, Annotation, BlockState, Frame, MetaId, MetaInterner, NO_COMPILE_CONTEXT, RecordedSettings, Snapshot, SnapshotBlock, SnapshotSegment, StackId,
+    StrInterner, TraceEntry, TraceError,
 };
 
 /// Decodes a snapshot pickle (not gzip'd; see [`crate::read_trace_bytes`] for that).
@@ -119,10 +118,7 @@ pub fn from_decoded(d: &Decoded<'_>) -> Result<Snapshot, TraceError> {
         return segments_only(d, items);
     }
     let Some(top) = d.dict(root) else {
-        return Err(ns(format!(
-            "top-level is a {}, expected the dict returned by torch.cuda.memory._snapshot()",
-            root.type_name()
-        )));
+        return Err(ns(format!("top-level is a {}, expected the dict returned by torch.cuda.memory._snapshot()", root.type_name())));
     };
     let (mut segments, mut traces, mut settings, mut annotations) = (None, None, None, None);
     for &(k, v) in top {
@@ -136,21 +132,12 @@ pub fn from_decoded(d: &Decoded<'_>) -> Result<Snapshot, TraceError> {
     }
     let Some(traces) = traces else {
         if segments.is_some_and(|s| has_history(d, s)) {
-            return Err(ns(
-                "snapshot from PyTorch < 2.1 (blocks carry 'history', no 'device_traces'), which has no \
+            return Err(ns("snapshot from PyTorch < 2.1 (blocks carry 'history', no 'device_traces'), which has no \
                  trace of allocations to replay; re-record with torch >= 2.1: \
                  torch.cuda.memory._record_memory_history(max_entries=100000) before the code to \
-                 analyse, then torch.cuda.memory._dump_snapshot('snapshot.pickle')",
-            ));
+                 analyse, then torch.cuda.memory._dump_snapshot('snapshot.pickle')"));
         }
-        let keys: Vec<String> = top
-            .iter()
-            .take(12)
-            .map(|&(k, _)| {
-                d.str(k)
-                    .map_or_else(|| d.depth_limited_repr(k, 1, 40), |s| format!("'{s}'"))
-            })
-            .collect();
+        let keys: Vec<String> = top.iter().take(12).map(|&(k, _)| d.str(k).map_or_else(|| d.depth_limited_repr(k, 1, 40), |s| format!("'{s}'"))).collect();
         return Err(ns(format!(
             "top-level dict has no 'device_traces' key (keys: [{}]); expected the dict returned by \
              torch.cuda.memory._snapshot() with memory history recorded",
@@ -159,24 +146,11 @@ pub fn from_decoded(d: &Decoded<'_>) -> Result<Snapshot, TraceError> {
     };
 
     let mut c = Conv::new(d);
-    let mut snap = Snapshot {
-        stacks: vec![Vec::new()],
-        ..Default::default()
-    };
+    let mut snap = Snapshot { stacks: vec![Vec::new()], ..Default::default() };
 
-    let devs = d.items(traces).ok_or_else(|| {
-        ns(format!(
-            "'device_traces' is a {}, expected a list",
-            traces.type_name()
-        ))
-    })?;
+    let devs = d.items(traces).ok_or_else(|| ns(format!("'device_traces' is a {}, expected a list", traces.type_name())))?;
     for (dev, &t) in devs.iter().enumerate() {
-        let entries = d.items(t).ok_or_else(|| {
-            ns(format!(
-                "device_traces[{dev}] is a {}, expected a list",
-                t.type_name()
-            ))
-        })?;
+        let entries = d.items(t).ok_or_else(|| ns(format!("device_traces[{dev}] is a {}, expected a list", t.type_name())))?;
         let mut out = Vec::with_capacity(entries.len());
         for (i, &e) in entries.iter().enumerate() {
             out.push(c.entry(e, dev, i)?);
@@ -185,12 +159,7 @@ pub fn from_decoded(d: &Decoded<'_>) -> Result<Snapshot, TraceError> {
     }
 
     if let Some(s) = segments {
-        let segs = d.items(s).ok_or_else(|| {
-            ns(format!(
-                "'segments' is a {}, expected a list",
-                s.type_name()
-            ))
-        })?;
+        let segs = d.items(s).ok_or_else(|| ns(format!("'segments' is a {}, expected a list", s.type_name())))?;
         snap.segments.reserve(segs.len());
         for (i, &sv) in segs.iter().enumerate() {
             snap.segments.push(c.segment(sv, i)?);
@@ -310,29 +279,21 @@ fn annotations_of(d: &Decoded<'_>, a: Value) -> Result<Vec<Annotation>, TraceErr
     if a == Value::None {
         return Ok(Vec::new());
     }
-    let items = d.items(a).ok_or_else(|| {
-        ns(format!("'external_annotations' is a {}, expected a list", a.type_name()))
-    })?;
+    let items = d.items(a).ok_or_else(|| ns(format!("'external_annotations' is a {}, expected a list", a.type_name())))?;
     let mut strs = StrInterner::default();
     let mut out = Vec::with_capacity(items.len());
     for (i, &e) in items.iter().enumerate() {
         let at = || format!("external_annotations[{i}]");
-        let pairs = d
-            .dict(e)
-            .ok_or_else(|| ns(format!("{}: a {}, expected a dict", at(), e.type_name())))?;
+        let pairs = d.dict(e).ok_or_else(|| ns(format!("{}: a {}, expected a dict", at(), e.type_name())))?;
         let mut ann = Annotation { device: 0, time_us: 0, fields: Vec::with_capacity(pairs.len()) };
         for &(k, v) in pairs {
-            let key = d.str(k).ok_or_else(|| {
-                ns(format!("{}: a key that is a {}, expected a str", at(), k.type_name()))
-            })?;
+            let key = d.str(k).ok_or_else(|| ns(format!("{}: a key that is a {}, expected a str", at(), k.type_name())))?;
             let int = |v| i64_of(d, v).map_err(|m| ns(format!("{}['{key}']: {m}", at())));
             match key {
                 "device" => ann.device = int(v)?,
                 "time_us" => ann.time_us = int(v)?,
                 _ => {
-                    let val = d.str(v).ok_or_else(|| {
-                        ns(format!("{}['{key}']: expected a str, got {}", at(), describe(d, v)))
-                    })?;
+                    let val = d.str(v).ok_or_else(|| ns(format!("{}['{key}']: expected a str, got {}", at(), describe(d, v))))?;
                     ann.fields.push((strs.intern(key), strs.intern(val)));
                 }
             }
@@ -347,13 +308,10 @@ fn ns(msg: impl Into<String>) -> TraceError {
 }
 
 fn has_history(d: &Decoded<'_>, segments: Value) -> bool {
-    d.items(segments).unwrap_or(&[]).iter().any(|&s| {
-        d.dict_get(s, "blocks")
-            .and_then(|b| d.items(b))
-            .unwrap_or(&[])
-            .iter()
-            .any(|&b| d.dict_get(b, "history").is_some())
-    })
+    d.items(segments)
+        .unwrap_or(&[])
+        .iter()
+        .any(|&s| d.dict_get(s, "blocks").and_then(|b| d.items(b)).unwrap_or(&[]).iter().any(|&b| d.dict_get(b, "history").is_some()))
 }
 
 fn describe(d: &Decoded<'_>, v: Value) -> String {
@@ -361,20 +319,16 @@ fn describe(d: &Decoded<'_>, v: Value) -> String {
 }
 
 fn u64_of(d: &Decoded<'_>, v: Value) -> Result<u64, String> {
-    d.int_u64(v)
-        .ok_or_else(|| format!("expected an int in 0..2^64, got {}", describe(d, v)))
+    d.int_u64(v).ok_or_else(|| format!("expected an int in 0..2^64, got {}", describe(d, v)))
 }
 
 fn i64_of(d: &Decoded<'_>, v: Value) -> Result<i64, String> {
-    d.int_i64(v)
-        .ok_or_else(|| format!("expected an int in the i64 range, got {}", describe(d, v)))
+    d.int_i64(v).ok_or_else(|| format!("expected an int in the i64 range, got {}", describe(d, v)))
 }
 
 /// A stream: `u64`, negative values wrap (two's complement).
 fn stream_of(d: &Decoded<'_>, v: Value) -> Result<u64, String> {
-    d.int_u64(v)
-        .or_else(|| d.int_i64(v).map(|i| i as u64))
-        .ok_or_else(|| format!("expected an int stream handle, got {}", describe(d, v)))
+    d.int_u64(v).or_else(|| d.int_i64(v).map(|i| i as u64)).ok_or_else(|| format!("expected an int stream handle, got {}", describe(d, v)))
 }
 
 fn bool_of(d: &Decoded<'_>, v: Value) -> Result<bool, String> {
@@ -437,9 +391,7 @@ struct SpanCache<T: Copy> {
 impl<T: Copy> SpanCache<T> {
     const N: usize = 256;
     fn new(fill: T) -> Self {
-        SpanCache {
-            slots: vec![(u64::MAX, 0, fill); Self::N],
-        }
+        SpanCache { slots: vec![(u64::MAX, 0, fill); Self::N] }
     }
     /// `None` when `v` is not a `str`.
     #[inline]
@@ -552,18 +504,11 @@ impl<'d, 'a> Conv<'d, 'a> {
 
     /// The [`MetaId`] of an entry's `compile_context` and `user_metadata` values (absent: the
     /// defaults).
-    fn meta(
-        &mut self,
-        cc: Option<Value>,
-        um: Option<Value>,
-        at: &dyn Fn() -> String,
-    ) -> Result<MetaId, TraceError> {
+    fn meta(&mut self, cc: Option<Value>, um: Option<Value>, at: &dyn Fn() -> String) -> Result<MetaId, TraceError> {
         let d = self.d;
         let text = |v: Option<Value>, name: &str, default: &'static [u8]| match v {
             None => Ok(default),
-            Some(v) => d.str_bytes(v).ok_or_else(|| {
-                ns(format!("{}['{name}']: expected a str, got {}", at(), describe(d, v)))
-            }),
+            Some(v) => d.str_bytes(v).ok_or_else(|| ns(format!("{}['{name}']: expected a str, got {}", at(), describe(d, v)))),
         };
         let cc = text(cc, "compile_context", NO_COMPILE_CONTEXT.as_bytes())?;
         let um = text(um, "user_metadata", b"")?;
@@ -589,11 +534,8 @@ impl<'d, 'a> Conv<'d, 'a> {
     fn entry(&mut self, e: Value, dev: usize, i: usize) -> Result<TraceEntry, TraceError> {
         let d = self.d;
         let at = || format!("device_traces[{dev}][{i}]");
-        let pairs = d
-            .dict(e)
-            .ok_or_else(|| ns(format!("{}: a {}, expected a dict", at(), e.type_name())))?;
-        let (mut action, mut addr, mut free, mut size, mut stream, mut time, mut frames) =
-            (None, None, None, None, None, None, None);
+        let pairs = d.dict(e).ok_or_else(|| ns(format!("{}: a {}, expected a dict", at(), e.type_name())))?;
+        let (mut action, mut addr, mut free, mut size, mut stream, mut time, mut frames) = (None, None, None, None, None, None, None);
         let (mut cc, mut um) = (None, None);
         for &(k, v) in pairs {
             match self.key(k) {
@@ -610,47 +552,24 @@ impl<'d, 'a> Conv<'d, 'a> {
             }
         }
         let av = action.ok_or_else(|| ns(format!("{}: no 'action' key", at())))?;
-        let action = match self.actions.get(d, av, |b| {
-            std::str::from_utf8(b)
-                .ok()
-                .and_then(Action::parse)
-                .ok_or(())
-        }) {
+        let action = match self.actions.get(d, av, |b| std::str::from_utf8(b).ok().and_then(Action::parse).ok_or(())) {
             Some(Ok(a)) => a,
             Some(Err(())) => {
-                return Err(ns(format!(
-                    "{}: unknown action {}",
-                    at(),
-                    d.depth_limited_repr(av, 1, 80)
-                )));
+                return Err(ns(format!("{}: unknown action {}", at(), d.depth_limited_repr(av, 1, 80))));
             }
             None => {
-                return Err(ns(format!(
-                    "{}: 'action' is a {}, expected a str",
-                    at(),
-                    av.type_name()
-                )));
+                return Err(ns(format!("{}: 'action' is a {}, expected a str", at(), av.type_name())));
             }
         };
-        let field = |name: &str, r: Result<u64, String>| {
-            r.map_err(|m| ns(format!("{}['{name}']: {m}", at())))
-        };
-        let (aname, addr) = if action == Action::Oom {
-            ("device_free", free.or(addr))
-        } else {
-            ("addr", addr)
-        };
+        let field = |name: &str, r: Result<u64, String>| r.map_err(|m| ns(format!("{}['{name}']: {m}", at())));
+        let (aname, addr) = if action == Action::Oom { ("device_free", free.or(addr)) } else { ("addr", addr) };
         // `annotate` entries carry no allocator decision; tolerate them without addr/size.
         let lenient = action == Action::Annotate;
         let addr = match addr {
             Some(a) => field(aname, u64_of(d, a))?,
             None if lenient => 0,
             None => {
-                return Err(ns(format!(
-                    "{}: action '{}' without '{aname}'",
-                    at(),
-                    action.as_str()
-                )));
+                return Err(ns(format!("{}: action '{}' without '{aname}'", at(), action.as_str())));
             }
         };
         let size = match size {
@@ -671,15 +590,7 @@ impl<'d, 'a> Conv<'d, 'a> {
             None => 0,
         };
         let meta = self.meta(cc, um, &at)?;
-        Ok(TraceEntry {
-            action,
-            addr,
-            size,
-            stream,
-            time_us,
-            stack,
-            meta,
-        })
+        Ok(TraceEntry { action, addr, size, stream, time_us, stack, meta })
     }
 
     fn stack(&mut self, f: Value, at: &dyn Fn() -> String) -> Result<StackId, TraceError> {
@@ -687,11 +598,7 @@ impl<'d, 'a> Conv<'d, 'a> {
             Value::List(id) | Value::Tuple(id) => id,
             Value::None => return Ok(0),
             _ => {
-                return Err(ns(format!(
-                    "{}['frames']: a {}, expected a list",
-                    at(),
-                    f.type_name()
-                )));
+                return Err(ns(format!("{}['frames']: a {}, expected a list", at(), f.type_name())));
             }
         };
         if let Some(&s) = self.by_list.get(&id) {
@@ -710,11 +617,7 @@ impl<'d, 'a> Conv<'d, 'a> {
             s
         } else {
             let s = self.stacks.len() as StackId;
-            self.stacks.push(
-                buf.iter()
-                    .map(|&i| self.frames[i as usize].clone())
-                    .collect(),
-            );
+            self.stacks.push(buf.iter().map(|&i| self.frames[i as usize].clone()).collect());
             self.by_content.insert(buf.clone(), s);
             s
         };
@@ -725,11 +628,7 @@ impl<'d, 'a> Conv<'d, 'a> {
 
     fn frame(&mut self, f: Value, at: &dyn Fn() -> String) -> Result<u32, TraceError> {
         let Value::Dict(did) = f else {
-            return Err(ns(format!(
-                "{}: a {}, expected a frame dict",
-                at(),
-                f.type_name()
-            )));
+            return Err(ns(format!("{}: a {}, expected a frame dict", at(), f.type_name())));
         };
         if let Some(&i) = self.by_frame_dict.get(&did) {
             return Ok(i);
@@ -744,11 +643,7 @@ impl<'d, 'a> Conv<'d, 'a> {
                 _ => {}
             }
         }
-        let frame = Frame {
-            name: name.to_owned(),
-            filename: filename.to_owned(),
-            line,
-        };
+        let frame = Frame { name: name.to_owned(), filename: filename.to_owned(), line };
         let idx = match self.frame_index.get(&frame) {
             Some(&i) => i,
             None => {
@@ -765,9 +660,7 @@ impl<'d, 'a> Conv<'d, 'a> {
     fn segment(&mut self, s: Value, i: usize) -> Result<SnapshotSegment, TraceError> {
         let d = self.d;
         let at = || format!("segments[{i}]");
-        let pairs = d
-            .dict(s)
-            .ok_or_else(|| ns(format!("{}: a {}, expected a dict", at(), s.type_name())))?;
+        let pairs = d.dict(s).ok_or_else(|| ns(format!("{}: a {}, expected a dict", at(), s.type_name())))?;
         let mut seg = SnapshotSegment {
             device: 0,
             address: 0,
@@ -796,25 +689,16 @@ impl<'d, 'a> Conv<'d, 'a> {
                     seg.total_size = u64_of(d, v).map_err(|m| wrap("total_size", m))?;
                     have_total = true;
                 }
-                K::AllocatedSize => {
-                    seg.allocated_size = u64_of(d, v).map_err(|m| wrap("allocated_size", m))?
-                }
-                K::ActiveSize => {
-                    seg.active_size = u64_of(d, v).map_err(|m| wrap("active_size", m))?
-                }
-                K::RequestedSize => {
-                    seg.requested_size = u64_of(d, v).map_err(|m| wrap("requested_size", m))?
-                }
+                K::AllocatedSize => seg.allocated_size = u64_of(d, v).map_err(|m| wrap("allocated_size", m))?,
+                K::ActiveSize => seg.active_size = u64_of(d, v).map_err(|m| wrap("active_size", m))?,
+                K::RequestedSize => seg.requested_size = u64_of(d, v).map_err(|m| wrap("requested_size", m))?,
                 K::Stream => seg.stream = stream_of(d, v).map_err(|m| wrap("stream", m))?,
                 K::SegmentType => {
                     seg.is_small = match d.str(v) {
                         Some("small") => true,
                         Some("large") => false,
                         _ => {
-                            return Err(wrap(
-                                "segment_type",
-                                format!("expected 'small' or 'large', got {}", describe(d, v)),
-                            ));
+                            return Err(wrap("segment_type", format!("expected 'small' or 'large', got {}", describe(d, v))));
                         }
                     }
                 }
@@ -824,16 +708,11 @@ impl<'d, 'a> Conv<'d, 'a> {
                     match p.and_then(|p| Some((pid(p[0])?, pid(p[1])?))) {
                         Some(p) => seg.pool_id = p,
                         None => {
-                            return Err(wrap(
-                                "segment_pool_id",
-                                format!("expected a pair of ints, got {}", describe(d, v)),
-                            ));
+                            return Err(wrap("segment_pool_id", format!("expected a pair of ints, got {}", describe(d, v))));
                         }
                     }
                 }
-                K::IsExpandable => {
-                    seg.is_expandable = bool_of(d, v).map_err(|m| wrap("is_expandable", m))?
-                }
+                K::IsExpandable => seg.is_expandable = bool_of(d, v).map_err(|m| wrap("is_expandable", m))?,
                 K::Blocks => blocks = Some(v),
                 _ => {}
             }
@@ -842,13 +721,7 @@ impl<'d, 'a> Conv<'d, 'a> {
             return Err(ns(format!("{}: missing 'address' or 'total_size'", at())));
         }
         if let Some(b) = blocks {
-            let items = d.items(b).ok_or_else(|| {
-                ns(format!(
-                    "{}['blocks']: a {}, expected a list",
-                    at(),
-                    b.type_name()
-                ))
-            })?;
+            let items = d.items(b).ok_or_else(|| ns(format!("{}['blocks']: a {}, expected a list", at(), b.type_name())))?;
             seg.blocks.reserve(items.len());
             let mut next = seg.address;
             for (j, &bv) in items.iter().enumerate() {
@@ -860,45 +733,29 @@ impl<'d, 'a> Conv<'d, 'a> {
         Ok(seg)
     }
 
-    fn block(
-        &mut self,
-        b: Value,
-        at: &dyn Fn() -> String,
-        default_addr: u64,
-    ) -> Result<SnapshotBlock, TraceError> {
+    fn block(&mut self, b: Value, at: &dyn Fn() -> String, default_addr: u64) -> Result<SnapshotBlock, TraceError> {
         let d = self.d;
-        let pairs = d
-            .dict(b)
-            .ok_or_else(|| ns(format!("{}: a {}, expected a dict", at(), b.type_name())))?;
-        let (mut address, mut size, mut requested, mut state, mut frames) =
-            (None, None, 0, None, None);
+        let pairs = d.dict(b).ok_or_else(|| ns(format!("{}: a {}, expected a dict", at(), b.type_name())))?;
+        let (mut address, mut size, mut requested, mut state, mut frames) = (None, None, 0, None, None);
         for &(k, v) in pairs {
             let wrap = |name: &str, m: String| ns(format!("{}['{name}']: {m}", at()));
             match self.key(k) {
                 K::Address => address = Some(u64_of(d, v).map_err(|m| wrap("address", m))?),
                 K::Size => size = Some(u64_of(d, v).map_err(|m| wrap("size", m))?),
-                K::RequestedSize => {
-                    requested = u64_of(d, v).map_err(|m| wrap("requested_size", m))?
-                }
+                K::RequestedSize => requested = u64_of(d, v).map_err(|m| wrap("requested_size", m))?,
                 K::State => {
                     state = Some(match d.str(v) {
                         Some("active_allocated") => BlockState::ActiveAllocated,
                         Some("active_pending_free") => BlockState::ActivePendingFree,
                         Some("inactive") => BlockState::Inactive,
                         _ => {
-                            return Err(wrap(
-                                "state",
-                                format!("unknown block state {}", describe(d, v)),
-                            ));
+                            return Err(wrap("state", format!("unknown block state {}", describe(d, v))));
                         }
                     })
                 }
                 K::Frames => frames = Some(v),
                 K::History => {
-                    return Err(ns(format!(
-                        "{}: snapshot from PyTorch < 2.1 (blocks carry 'history'); re-record with torch>=2.1",
-                        at()
-                    )));
+                    return Err(ns(format!("{}: snapshot from PyTorch < 2.1 (blocks carry 'history'); re-record with torch>=2.1", at())));
                 }
                 _ => {}
             }
@@ -909,27 +766,13 @@ impl<'d, 'a> Conv<'d, 'a> {
             Some(f) => self.stack(f, at)?,
             None => 0,
         };
-        Ok(SnapshotBlock {
-            address: address.unwrap_or(default_addr),
-            size,
-            requested_size: requested,
-            state,
-            stack,
-        })
+        Ok(SnapshotBlock { address: address.unwrap_or(default_addr), size, requested_size: requested, state, stack })
     }
 
     fn settings(&mut self, s: Value) -> Result<RecordedSettings, TraceError> {
         let d = self.d;
-        let pairs = d.dict(s).ok_or_else(|| {
-            ns(format!(
-                "'allocator_settings' is a {}, expected a dict",
-                s.type_name()
-            ))
-        })?;
-        let mut r = RecordedSettings {
-            present: true,
-            ..Default::default()
-        };
+        let pairs = d.dict(s).ok_or_else(|| ns(format!("'allocator_settings' is a {}, expected a dict", s.type_name())))?;
+        let mut r = RecordedSettings { present: true, ..Default::default() };
         let wrap = |name: &str, m: String| ns(format!("allocator_settings['{name}']: {m}"));
         let mut keys: Vec<String> = Vec::new();
         for &(k, v) in pairs {
@@ -942,34 +785,21 @@ impl<'d, 'a> Conv<'d, 'a> {
                 Some(b"PYTORCH_CUDA_ALLOC_CONF") => match v {
                     Value::None => r.alloc_conf = None,
                     _ => {
-                        let s = d.str(v).ok_or_else(|| {
-                            wrap(
-                                "PYTORCH_CUDA_ALLOC_CONF",
-                                format!("expected a str, got {}", describe(d, v)),
-                            )
-                        })?;
+                        let s = d.str(v).ok_or_else(|| wrap("PYTORCH_CUDA_ALLOC_CONF", format!("expected a str, got {}", describe(d, v))))?;
                         r.alloc_conf = Some(s.to_owned());
                     }
                 },
-                Some(b"max_split_size") => {
-                    r.max_split_size = Some(i64_of(d, v).map_err(|m| wrap("max_split_size", m))?)
-                }
+                Some(b"max_split_size") => r.max_split_size = Some(i64_of(d, v).map_err(|m| wrap("max_split_size", m))?),
                 Some(b"garbage_collection_threshold") => {
                     r.garbage_collection_threshold = Some(match v {
                         Value::Float(f) => f,
                         Value::Int(i) => i as f64,
                         _ => {
-                            return Err(wrap(
-                                "garbage_collection_threshold",
-                                format!("expected a float, got {}", describe(d, v)),
-                            ));
+                            return Err(wrap("garbage_collection_threshold", format!("expected a float, got {}", describe(d, v))));
                         }
                     })
                 }
-                Some(b"expandable_segments") => {
-                    r.expandable_segments =
-                        Some(bool_of(d, v).map_err(|m| wrap("expandable_segments", m))?)
-                }
+                Some(b"expandable_segments") => r.expandable_segments = Some(bool_of(d, v).map_err(|m| wrap("expandable_segments", m))?),
                 Some(b"roundup_power2_divisions") => {
                     r.roundup_power2_divisions = match v {
                         Value::Dict(_) => {
@@ -979,17 +809,8 @@ impl<'d, 'a> Conv<'d, 'a> {
                                     .str(k)
                                     .and_then(|s| s.parse::<u64>().ok())
                                     .or_else(|| d.int_u64(k))
-                                    .ok_or_else(|| {
-                                        wrap(
-                                            "roundup_power2_divisions",
-                                            format!("bad key {}", describe(d, k)),
-                                        )
-                                    })?;
-                                out.push((
-                                    start,
-                                    u64_of(d, x)
-                                        .map_err(|m| wrap("roundup_power2_divisions", m))?,
-                                ));
+                                    .ok_or_else(|| wrap("roundup_power2_divisions", format!("bad key {}", describe(d, k))))?;
+                                out.push((start, u64_of(d, x).map_err(|m| wrap("roundup_power2_divisions", m))?));
                             }
                             out
                         }
@@ -997,19 +818,12 @@ impl<'d, 'a> Conv<'d, 'a> {
                         Value::List(_) | Value::Tuple(_) => {
                             let mut out = Vec::new();
                             for (j, &x) in d.items(v).unwrap_or(&[]).iter().enumerate().take(64) {
-                                out.push((
-                                    1u64 << j,
-                                    u64_of(d, x)
-                                        .map_err(|m| wrap("roundup_power2_divisions", m))?,
-                                ));
+                                out.push((1u64 << j, u64_of(d, x).map_err(|m| wrap("roundup_power2_divisions", m))?));
                             }
                             out
                         }
                         _ => {
-                            return Err(wrap(
-                                "roundup_power2_divisions",
-                                format!("expected a dict, got {}", describe(d, v)),
-                            ));
+                            return Err(wrap("roundup_power2_divisions", format!("expected a dict, got {}", describe(d, v))));
                         }
                     }
                 }
@@ -1063,17 +877,8 @@ pub fn to_pickle(snap: &Snapshot) -> Vec<u8> {
     let entries: usize = snap.device_traces.iter().map(Vec::len).sum();
     let blocks: usize = snap.segments.iter().map(|s| s.blocks.len()).sum();
     let mut p = Pickler::with_capacity(40 * entries + 60 * blocks + 4096);
-    let mut w = Writer {
-        snap,
-        stacks: vec![None; snap.stacks.len()],
-        frames: HashMap::new(),
-        empty_frames: None,
-    };
-    let keys: &[u8] = if snap.settings.present {
-        &[0, 1, 2, 3]
-    } else {
-        &[0, 1, 3]
-    };
+    let mut w = Writer { snap, stacks: vec![None; snap.stacks.len()], frames: HashMap::new(), empty_frames: None };
+    let keys: &[u8] = if snap.settings.present { &[0, 1, 2, 3] } else { &[0, 1, 3] };
     p.dict(keys, |p, &k| match k {
         0 => {
             p.str("segments");
@@ -1235,11 +1040,7 @@ impl<'s> Writer<'s> {
                 p.str(e.action.as_str());
             }
             1 => {
-                let key = if e.action == Action::Oom {
-                    "device_free"
-                } else {
-                    "addr"
-                };
+                let key = if e.action == Action::Oom { "device_free" } else { "addr" };
                 p.str(key);
                 p.uint(e.addr);
             }

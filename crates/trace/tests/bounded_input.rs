@@ -325,10 +325,11 @@ fn declared_lengths_over_the_limit_name_their_offset() {
 #[test]
 fn the_look_stops_at_the_stop_whatever_the_chunks() {
     let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
-    let mut pickles: Vec<Vec<u8>> = ["snap/small_p2.pickle", "snap/small_p4.pickle", "snap/small_p5.pickle", "snap/torch_frames_p2.pickle", "snap/pre21.pickle"]
-        .iter()
-        .map(|p| common::fixture(p))
-        .collect();
+    let mut pickles: Vec<Vec<u8>> =
+        ["snap/small_p2.pickle", "snap/small_p4.pickle", "snap/small_p5.pickle", "snap/torch_frames_p2.pickle", "snap/pre21.pickle"]
+            .iter()
+            .map(|p| common::fixture(p))
+            .collect();
     pickles.push(gunzip(&real("cudagraph__default__0M.pickle.gz")));
     for p in &pickles {
         let stop = p.len() as u64 - 1;

@@ -2,9 +2,7 @@
 
 mod common;
 
-use allocsim_trace::{
-    Action, RecordedSettings, Snapshot, TraceEntry, TraceError, jsonl, read_trace_bytes,
-};
+use allocsim_trace::{Action, RecordedSettings, Snapshot, TraceEntry, TraceError, jsonl, read_trace_bytes};
 use common::{fixture, real_trace};
 
 fn round_trip(s: &Snapshot) -> (Snapshot, String) {
@@ -21,26 +19,14 @@ fn round_trip_small_snapshot() {
     assert_eq!(back, s);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 1 + 11 + 2);
-    assert!(lines[0].starts_with(
-        r#"{"format":"allocsim-trace","version":1,"allocator_settings":{"PYTORCH_CUDA_ALLOC_CONF":"#
-    ));
-    assert!(
-        lines[0].contains(r#""roundup_power2_divisions":{"1":2,"2":0,"#)
-            && lines[0].ends_with(r#","devices":2}"#)
-    );
+    assert!(lines[0].starts_with(r#"{"format":"allocsim-trace","version":1,"allocator_settings":{"PYTORCH_CUDA_ALLOC_CONF":"#));
+    assert!(lines[0].contains(r#""roundup_power2_divisions":{"1":2,"2":0,"#) && lines[0].ends_with(r#","devices":2}"#));
     assert_eq!(
         lines[6],
         r#"{"device":0,"action":"oom","device_free":147460325376,"size":268435456,"stream":289523248,"time_us":1005,"frames":[{"name":"w_frag","filename":"gpu/record.py","line":56},{"name":"child","filename":"gpu/record.py","line":310},{"name":"<module>","filename":"gpu/record.py","line":407}]}"#
     );
-    assert_eq!(
-        lines[7],
-        r#"{"device":0,"action":"segment_map","addr":140000000000000,"size":2097152,"stream":0,"time_us":1006}"#
-    );
-    assert!(
-        lines[12].starts_with(
-            r#"{"segment":{"device":0,"address":139919842344960,"total_size":20971520,"#
-        )
-    );
+    assert_eq!(lines[7], r#"{"device":0,"action":"segment_map","addr":140000000000000,"size":2097152,"stream":0,"time_us":1006}"#);
+    assert!(lines[12].starts_with(r#"{"segment":{"device":0,"address":139919842344960,"total_size":20971520,"#));
     // read_trace_bytes detects the format by the leading '{'
     assert_eq!(read_trace_bytes(text.as_bytes()).unwrap(), s);
 }
@@ -57,38 +43,16 @@ fn round_trip_real_snapshot() {
 #[test]
 fn round_trip_edge_cases() {
     // no settings recorded, no stacks, an empty device, extreme values
-    let e = |action, addr, size| TraceEntry {
-        action,
-        addr,
-        size,
-        stream: u64::MAX,
-        time_us: i64::MIN,
-        stack: 0,
-        meta: 0,
-    };
+    let e = |action, addr, size| TraceEntry { action, addr, size, stream: u64::MAX, time_us: i64::MIN, stack: 0, meta: 0 };
     let s = Snapshot {
-        device_traces: vec![
-            vec![],
-            vec![
-                e(Action::Alloc, u64::MAX, 0),
-                e(Action::Oom, 0, u64::MAX),
-                e(Action::Annotate, 0, 0),
-            ],
-        ],
+        device_traces: vec![vec![], vec![e(Action::Alloc, u64::MAX, 0), e(Action::Oom, 0, u64::MAX), e(Action::Annotate, 0, 0)]],
         stacks: vec![vec![]],
         ..Default::default()
     };
     let (back, text) = round_trip(&s);
     assert_eq!(back, s);
     assert!(!text.lines().next().unwrap().contains("allocator_settings"));
-    let s = Snapshot {
-        settings: RecordedSettings {
-            present: true,
-            ..Default::default()
-        },
-        stacks: vec![vec![]],
-        ..Default::default()
-    };
+    let s = Snapshot { settings: RecordedSettings { present: true, ..Default::default() }, stacks: vec![vec![]], ..Default::default() };
     assert_eq!(round_trip(&s).0, s);
 }
 
@@ -105,22 +69,13 @@ fn reads_the_documented_example() {
         "\n",
     );
     let s = jsonl::read(text.as_bytes()).unwrap();
-    assert_eq!(
-        s.settings.roundup_power2_divisions,
-        [(1, 0), (2, 0), (4, 0)]
-    );
+    assert_eq!(s.settings.roundup_power2_divisions, [(1, 0), (2, 0), (4, 0)]);
     assert_eq!(s.settings.max_split_size, Some(-1));
     assert_eq!(s.device_traces.len(), 1);
     let t = &s.device_traces[0];
-    assert_eq!(
-        (t[0].action, t[0].addr, t[0].stack),
-        (Action::Alloc, 139919842344960, 1)
-    );
+    assert_eq!((t[0].action, t[0].addr, t[0].stack), (Action::Alloc, 139919842344960, 1));
     assert_eq!(s.stack(1)[0].name, "w_frag");
-    assert_eq!(
-        (t[1].action, t[1].addr, t[1].size, t[1].stack),
-        (Action::Oom, 5, 7, 0)
-    );
+    assert_eq!((t[1].action, t[1].addr, t[1].size, t[1].stack), (Action::Oom, 5, 7, 0));
     assert_eq!(s.segments.len(), 1);
     assert_eq!(s.segments[0].blocks[0].requested_size, 6291456);
 }
@@ -162,14 +117,8 @@ fn annotations_and_entry_metadata() {
     assert_eq!(back, s);
     let lines: Vec<&str> = out.lines().collect();
     assert!(!lines[3].contains("compile_context") && !lines[3].contains("user_metadata"), "{}", lines[3]);
-    assert_eq!(
-        lines[2],
-        r#"{"device":0,"action":"alloc","addr":3,"size":2,"stream":0,"time_us":12,"user_metadata":"step 1"}"#
-    );
-    assert_eq!(
-        lines[6],
-        r#"{"annotation":{"name":"Optimizer.step#AdamW.step","stage":"END","device":0,"time_us":15}}"#
-    );
+    assert_eq!(lines[2], r#"{"device":0,"action":"alloc","addr":3,"size":2,"stream":0,"time_us":12,"user_metadata":"step 1"}"#);
+    assert_eq!(lines[6], r#"{"annotation":{"name":"Optimizer.step#AdamW.step","stage":"END","device":0,"time_us":15}}"#);
 }
 
 fn jsonl_err(text: &str) -> (usize, String) {
@@ -184,85 +133,26 @@ fn errors_carry_line_numbers() {
     let h = r#"{"format":"allocsim-trace","version":1,"devices":1}"#;
     let cases = [
         (String::new(), 1, "no header"),
-        (
-            r#"{"device":0,"action":"alloc","addr":1,"size":2}"#.to_string(),
-            1,
-            "header",
-        ),
-        (
-            r#"{"format":"allocsim-trace","version":2}"#.to_string(),
-            1,
-            "unsupported version",
-        ),
+        (r#"{"device":0,"action":"alloc","addr":1,"size":2}"#.to_string(), 1, "header"),
+        (r#"{"format":"allocsim-trace","version":2}"#.to_string(), 1, "unsupported version"),
         (r#"{"format":"other","version":1}"#.to_string(), 1, "format"),
-        (
-            format!("{h}\n{{\"action\":\"alloc\",\"addr\":1,\"size\":2}}\n{{oops"),
-            3,
-            "",
-        ),
-        (
-            format!("{h}\n\n{{\"action\":\"frob\",\"addr\":1,\"size\":2}}"),
-            3,
-            "unknown action \"frob\"",
-        ),
-        (
-            format!("{h}\n{{\"device\":1,\"action\":\"alloc\",\"addr\":1,\"size\":2}}"),
-            2,
-            "declares 1 device",
-        ),
-        (
-            format!("{h}\n{{\"action\":\"oom\",\"size\":2}}"),
-            2,
-            "device_free",
-        ),
-        (
-            format!("{h}\n{{\"action\":\"alloc\",\"size\":2}}"),
-            2,
-            "addr",
-        ),
-        (
-            format!("{h}\n{{\"action\":\"alloc\",\"addr\":-1,\"size\":2}}"),
-            2,
-            "",
-        ),
+        (format!("{h}\n{{\"action\":\"alloc\",\"addr\":1,\"size\":2}}\n{{oops"), 3, ""),
+        (format!("{h}\n\n{{\"action\":\"frob\",\"addr\":1,\"size\":2}}"), 3, "unknown action \"frob\""),
+        (format!("{h}\n{{\"device\":1,\"action\":\"alloc\",\"addr\":1,\"size\":2}}"), 2, "declares 1 device"),
+        (format!("{h}\n{{\"action\":\"oom\",\"size\":2}}"), 2, "device_free"),
+        (format!("{h}\n{{\"action\":\"alloc\",\"size\":2}}"), 2, "addr"),
+        (format!("{h}\n{{\"action\":\"alloc\",\"addr\":-1,\"size\":2}}"), 2, ""),
         (format!("{h}\n{{\"foo\":1}}"), 2, "neither an event"),
-        (
-            format!("{h}\n{{\"annotation\":{{\"name\":3}}}}"),
-            2,
-            "annotation field \"name\"",
-        ),
-        (
-            format!("{h}\n{{\"annotation\":{{\"time_us\":\"x\"}}}}"),
-            2,
-            "",
-        ),
-        (
-            format!("{h}\n{{\"action\":\"alloc\",\"addr\":1,\"size\":2,\"user_metadata\":7}}"),
-            2,
-            "",
-        ),
+        (format!("{h}\n{{\"annotation\":{{\"name\":3}}}}"), 2, "annotation field \"name\""),
+        (format!("{h}\n{{\"annotation\":{{\"time_us\":\"x\"}}}}"), 2, ""),
+        (format!("{h}\n{{\"action\":\"alloc\",\"addr\":1,\"size\":2,\"user_metadata\":7}}"), 2, ""),
         (format!("{h}\n{h}"), 2, "second header"),
-        (
-            format!(
-                "{h}\n{{\"segment\":{{\"address\":1,\"total_size\":2,\"segment_type\":\"huge\"}}}}"
-            ),
-            2,
-            "segment_type",
-        ),
-        (
-            format!(
-                "{h}\n{{\"segment\":{{\"address\":1,\"total_size\":2,\"blocks\":[{{\"address\":1,\"size\":2,\"state\":\"x\"}}]}}}}"
-            ),
-            2,
-            "unknown state",
-        ),
+        (format!("{h}\n{{\"segment\":{{\"address\":1,\"total_size\":2,\"segment_type\":\"huge\"}}}}"), 2, "segment_type"),
+        (format!("{h}\n{{\"segment\":{{\"address\":1,\"total_size\":2,\"blocks\":[{{\"address\":1,\"size\":2,\"state\":\"x\"}}]}}}}"), 2, "unknown state"),
     ];
     for (text, line, want) in cases {
         let (l, m) = jsonl_err(&text);
-        assert!(
-            l == line && m.contains(want),
-            "{text:?}: got line {l}: {m}; wanted line {line} with {want:?}"
-        );
+        assert!(l == line && m.contains(want), "{text:?}: got line {l}: {m}; wanted line {line} with {want:?}");
     }
 }
 

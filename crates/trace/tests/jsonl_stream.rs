@@ -46,11 +46,8 @@ fn check_stream(text: &[u8]) {
     }
     assert_eq!(segments, want_segments);
     for (d, t) in bare(&whole).iter().enumerate() {
-        let want: Vec<TraceEntry> = t
-            .iter()
-            .filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap))
-            .copied()
-            .collect();
+        let want: Vec<TraceEntry> =
+            t.iter().filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)).copied().collect();
         assert_eq!(segment_entries.get(d).cloned().unwrap_or_default(), want, "device {d}");
     }
 }

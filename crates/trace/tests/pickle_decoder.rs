@@ -23,10 +23,7 @@ fn fixtures_match_cpython() {
         let bytes = fixture(file);
         let d = decode(&bytes).unwrap_or_else(|e| panic!("{file}: {e}"));
         let got = canon(&d, d.root(), 0);
-        assert!(
-            got == expected,
-            "{file}: decoded value differs from CPython's\n got: {got}\nwant: {expected}"
-        );
+        assert!(got == expected, "{file}: decoded value differs from CPython's\n got: {got}\nwant: {expected}");
         n += 1;
     }
     assert!(n >= 30, "only {n} fixtures in the manifest");
@@ -50,18 +47,12 @@ fn shared_memo_is_shared() {
         let items = d.items(d.root()).unwrap();
         assert_eq!(items.len(), 3);
         assert!(matches!(items[0], Value::Dict(_)));
-        assert_eq!(
-            items[0], items[1],
-            "protocol {p}: the same dict object must decode to the same handle"
-        );
+        assert_eq!(items[0], items[1], "protocol {p}: the same dict object must decode to the same handle");
         assert_ne!(items[0], items[2]);
         assert_eq!(d.dict_get(items[1], "key"), Some(Value::Int(1)));
         assert_eq!(d.dict_get(items[2], "key"), Some(Value::Int(2)));
         // the key string itself is shared too
-        assert_eq!(
-            d.dict(items[0]).unwrap()[0].0,
-            d.dict(items[2]).unwrap()[0].0
-        );
+        assert_eq!(d.dict(items[0]).unwrap()[0].0, d.dict(items[2]).unwrap()[0].0);
     }
 }
 
@@ -76,10 +67,7 @@ fn big_ints() {
     };
     long1(&mut b, &[5, 0, 0, 0, 0, 0, 0, 0x80, 0]); // 2**63+5
     long1(&mut b, &[0, 0, 0, 0, 0, 0, 0, 0, 0xc0]); // -2**70
-    long1(
-        &mut b,
-        &[0xff; 8].iter().copied().chain([0]).collect::<Vec<_>>(),
-    ); // 2**64-1
+    long1(&mut b, &[0xff; 8].iter().copied().chain([0]).collect::<Vec<_>>()); // 2**64-1
     long1(&mut b, &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]); // 2**63-1
     long1(&mut b, &[0, 0, 0, 0, 0, 0, 0, 0x80]); // -2**63
     long1(&mut b, &[]); // 0
@@ -105,16 +93,10 @@ fn ints_beyond_i128_are_kept_as_bytes() {
     let d = decode(&b).unwrap();
     let ints = d.items(d.dict_get(d.root(), "ints").unwrap()).unwrap();
     // 2**100 and -(2**127) are BigInts; int_i128 handles both; int_u64 neither.
-    let big: Vec<_> = ints
-        .iter()
-        .filter(|v| matches!(v, Value::BigInt { .. }))
-        .collect();
+    let big: Vec<_> = ints.iter().filter(|v| matches!(v, Value::BigInt { .. })).collect();
     assert!(big.len() >= 6, "{big:?}");
     assert!(big.iter().all(|&&v| d.int_i128(v).is_some()));
-    assert_eq!(
-        common::le_twos_to_decimal(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10]),
-        (1u128 << 100).to_string()
-    );
+    assert_eq!(common::le_twos_to_decimal(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10]), (1u128 << 100).to_string());
 }
 
 #[test]
@@ -139,10 +121,7 @@ fn floats_and_nested_tuples() {
 
 fn err_of(b: &[u8]) -> pickle::PickleError {
     match decode(b) {
-        Ok(d) => panic!(
-            "expected an error, decoded {}",
-            d.depth_limited_repr(d.root(), 3, 100)
-        ),
+        Ok(d) => panic!("expected an error, decoded {}", d.depth_limited_repr(d.root(), 3, 100)),
         Err(e) => e,
     }
 }
@@ -153,19 +132,12 @@ fn refuses_object_construction_fixtures() {
         ("refuse/ordered_dict_p2.pickle", "GLOBAL (0x63)", 2),
         ("refuse/ordered_dict_p4.pickle", "STACK_GLOBAL (0x93)", 39),
         ("refuse/complex_p2.pickle", "GLOBAL (0x63)", 2),
-        (
-            "refuse/counter_in_list_p5.pickle",
-            "STACK_GLOBAL (0x93)",
-            44,
-        ),
+        ("refuse/counter_in_list_p5.pickle", "STACK_GLOBAL (0x93)", 44),
     ] {
         let e = err_of(&fixture(file));
         assert_eq!(e.offset, at, "{file}: {e}");
         let s = e.to_string();
-        assert!(
-            s.contains(op) && s.contains("never executes"),
-            "{file}: {s}"
-        );
+        assert!(s.contains(op) && s.contains("never executes"), "{file}: {s}");
     }
 }
 
@@ -194,8 +166,7 @@ fn refuses_every_object_opcode() {
         let b = [0x80, 5, b'N', b')', op, b'N', b'.'];
         let e = err_of(&b);
         assert_eq!(e.offset, 4);
-        let want =
-            format!("pickle opcode {name} (0x{op:02x}) at byte 4 would construct a Python object");
+        let want = format!("pickle opcode {name} (0x{op:02x}) at byte 4 would construct a Python object");
         assert!(e.msg.contains(&want), "{e}");
     }
 }
@@ -219,34 +190,14 @@ fn malformed_inputs_are_errors() {
         (b"\x80\x02t.", 2, "no MARK"),
         (b"\x80\x021.", 2, "no MARK"),
         (b"\x80\x02h\x05.", 2, "memo key 5 not found"),
-        (
-            b"\x80\x02j\x00\x00\x00\x01.",
-            2,
-            "memo key 16777216 not found",
-        ),
+        (b"\x80\x02j\x00\x00\x00\x01.", 2, "memo key 16777216 not found"),
         (b"\x80\x02\x94.", 2, "underflow"),
         (b"\x80\x02(\x85.", 3, "underflow"),
         (b"\x80\x02\x85.", 2, "underflow"),
-        (
-            b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7f.",
-            2,
-            "declares",
-        ),
-        (
-            b"\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\xffN.",
-            2,
-            "declares",
-        ),
-        (
-            b"\x80\x04\x8e\x00\x00\x00\x00\x01\x00\x00\x00.",
-            2,
-            "declares",
-        ),
-        (
-            b"\x80\x04\x96\x10\x00\x00\x00\x00\x00\x00\x00ab.",
-            2,
-            "declares",
-        ),
+        (b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7f.", 2, "declares"),
+        (b"\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\xffN.", 2, "declares"),
+        (b"\x80\x04\x8e\x00\x00\x00\x00\x01\x00\x00\x00.", 2, "declares"),
+        (b"\x80\x04\x96\x10\x00\x00\x00\x00\x00\x00\x00ab.", 2, "declares"),
         (b"\x80\x02X\xff\xff\xff\xffabc.", 2, "declares"),
         (b"\x80\x02B\x05\x00\x00\x00ab", 2, "declares"),
         (b"\x80\x02\x8b\xff\xff\xff\xff.", 2, "negative byte count"),
@@ -266,11 +217,7 @@ fn malformed_inputs_are_errors() {
     ];
     for &(b, at, want) in cases {
         let e = err_of(b);
-        assert!(
-            e.offset == at && e.msg.contains(want),
-            "{:?}: got {e:?}, wanted offset {at} and {want:?}",
-            String::from_utf8_lossy(b)
-        );
+        assert!(e.offset == at && e.msg.contains(want), "{:?}: got {e:?}, wanted offset {at} and {want:?}", String::from_utf8_lossy(b));
     }
 }
 
@@ -306,7 +253,10 @@ fn cycles_decode_and_render() {
 
 #[test]
 fn text_protocol_strings() {
-    let d = decode(b"(S'ab\\x41\\n\\'q'\np0\nS\"\\101\\\\\"\nT\x03\x00\x00\x00abcU\x02\xff\xfeV\\u00e9t\\u65e5\\U0001F389\\\\u\nI01\nI00\nL-18446744073709551616L\ng0\nl.").unwrap();
+    let d = decode(
+        b"(S'ab\\x41\\n\\'q'\np0\nS\"\\101\\\\\"\nT\x03\x00\x00\x00abcU\x02\xff\xfeV\\u00e9t\\u65e5\\U0001F389\\\\u\nI01\nI00\nL-18446744073709551616L\ng0\nl.",
+    )
+    .unwrap();
     let it = d.items(d.root()).unwrap();
     assert_eq!(d.str(it[0]), Some("abA\n'q"));
     assert_eq!(d.str(it[1]), Some("A\\"));
@@ -329,21 +279,12 @@ fn trailing_bytes_after_stop_are_ignored() {
 /// snapshot converter.
 #[test]
 fn truncation_at_every_prefix() {
-    for f in [
-        "values/fixed_p0.pickle",
-        "values/fixed_p2.pickle",
-        "values/random1_p5.pickle",
-        "snap/small_p4.pickle",
-    ] {
+    for f in ["values/fixed_p0.pickle", "values/fixed_p2.pickle", "values/random1_p5.pickle", "snap/small_p4.pickle"] {
         let b = fixture(f);
         decode(&b).unwrap();
         for n in 0..b.len() {
             let e = decode(&b[..n]).expect_err("a truncated pickle must not decode");
-            assert!(
-                e.offset <= n,
-                "{f}[..{n}]: offset {} beyond the input",
-                e.offset
-            );
+            assert!(e.offset <= n, "{f}[..{n}]: offset {} beyond the input", e.offset);
             assert!(allocsim_trace::snapshot::from_pickle(&b[..n]).is_err());
         }
     }

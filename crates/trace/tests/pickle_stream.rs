@@ -87,7 +87,11 @@ fn check(file: &PickleFile, whole: &Snapshot, what: &str) {
                     if yielded.len() % 997 == 1 || items.len() as u64 == n {
                         match teed.read_so_far() {
                             Some(read) => assert!(read.eq(yielded.iter().copied()), "{what}: entries given back after {}", yielded.len()),
-                            None => assert!(!keep_all && yielded.len() > allocsim_trace::pickle_stream::TEE_KEEP, "{what}: entries not kept after {}", yielded.len()),
+                            None => assert!(
+                                !keep_all && yielded.len() > allocsim_trace::pickle_stream::TEE_KEEP,
+                                "{what}: entries not kept after {}",
+                                yielded.len()
+                            ),
                         }
                     }
                 }
@@ -200,7 +204,11 @@ fn every_trace_streams_as_the_whole_file_decodes() {
         if !path.starts_with(repo.join("tests/fixtures")) {
             // Written by torch: the settings are found at the end of the plain file; in a gzip'd
             // one, where its last blocks give every byte of them (`check` compares them).
-            assert_eq!(plain.tail_settings(AllocatorConfig::recorded_max_split_size), Some(whole.settings.clone()), "{what}: the settings read from the file's end");
+            assert_eq!(
+                plain.tail_settings(AllocatorConfig::recorded_max_split_size),
+                Some(whole.settings.clone()),
+                "{what}: the settings read from the file's end"
+            );
             if path.extension().is_some_and(|e| e == "gz") {
                 gzip_recordings += 1;
                 from_last_blocks += usize::from(file.tail_settings(AllocatorConfig::recorded_max_split_size).is_some());
@@ -214,7 +222,10 @@ fn every_trace_streams_as_the_whole_file_decodes() {
     // 86 of 87 when this was written (the other holds a value deflate copied from before the
     // blocks read: the search gives up, and the replay assumes torch's defaults as before); 55 of
     // 55 without `../shared`.
-    assert!(from_last_blocks >= reference::expected(shared_found, 84, 55), "settings read from a gzip'd recording's last blocks: only {from_last_blocks} of {gzip_recordings}");
+    assert!(
+        from_last_blocks >= reference::expected(shared_found, 84, 55),
+        "settings read from a gzip'd recording's last blocks: only {from_last_blocks} of {gzip_recordings}"
+    );
 }
 
 #[test]

@@ -42,10 +42,7 @@ fn py_canon(v: &PyValue) -> String {
         PyValue::Set(x) => seq("S{", "}", x, true),
         PyValue::FrozenSet(x) => seq("F{", "}", x, true),
         PyValue::Dict(pairs) => {
-            let s: Vec<String> = pairs
-                .iter()
-                .map(|(k, x)| format!("{}:{}", py_canon(k), py_canon(x)))
-                .collect();
+            let s: Vec<String> = pairs.iter().map(|(k, x)| format!("{}:{}", py_canon(k), py_canon(x))).collect();
             format!("{{{}}}", s.join(","))
         }
     }
@@ -114,12 +111,7 @@ impl Reencode<'_, '_> {
 
 fn reencode(d: &Decoded<'_>) -> Vec<u8> {
     let mut p = Pickler::new();
-    Reencode {
-        d,
-        seqs: HashMap::new(),
-        dicts: HashMap::new(),
-    }
-    .val(&mut p, d.root());
+    Reencode { d, seqs: HashMap::new(), dicts: HashMap::new() }.val(&mut p, d.root());
     p.finish()
 }
 
@@ -156,50 +148,20 @@ fn exact_bytes_of_small_values() {
         (i(-1), "80049506000000000000004affffffff2e"),
         (i(65536), "80049506000000000000004a000001002e"),
         (i(1 << 31), "80049508000000000000008a0500000080002e"),
-        (
-            i(-(1 << 63)),
-            "8004950b000000000000008a0800000000000000802e",
-        ),
-        (
-            i(u64::MAX as i128),
-            "8004950c000000000000008a09ffffffffffffffff002e",
-        ),
-        (
-            PyValue::Float(1.5),
-            "8004950a00000000000000473ff80000000000002e",
-        ),
+        (i(-(1 << 63)), "8004950b000000000000008a0800000000000000802e"),
+        (i(u64::MAX as i128), "8004950c000000000000008a09ffffffffffffffff002e"),
+        (PyValue::Float(1.5), "8004950a00000000000000473ff80000000000002e"),
         (s(""), "80049504000000000000008c00942e"),
         (s("héllo"), "8004950a000000000000008c0668c3a96c6c6f942e"),
-        (
-            PyValue::Bytes(vec![0, 255]),
-            "8004950600000000000000430200ff942e",
-        ),
+        (PyValue::Bytes(vec![0, 255]), "8004950600000000000000430200ff942e"),
         (PyValue::List(vec![]), "80045d942e"),
-        (
-            PyValue::List(vec![i(1)]),
-            "80049506000000000000005d944b01612e",
-        ),
-        (
-            PyValue::List(vec![i(1), i(2)]),
-            "80049509000000000000005d94284b014b02652e",
-        ),
+        (PyValue::List(vec![i(1)]), "80049506000000000000005d944b01612e"),
+        (PyValue::List(vec![i(1), i(2)]), "80049509000000000000005d94284b014b02652e"),
         (PyValue::Tuple(vec![]), "8004292e"),
-        (
-            PyValue::Tuple(vec![i(1), i(2)]),
-            "80049507000000000000004b014b0286942e",
-        ),
-        (
-            PyValue::Tuple(vec![i(1), i(2), i(3), i(4)]),
-            "8004950c00000000000000284b014b024b034b0474942e",
-        ),
-        (
-            PyValue::Dict(vec![(s("a"), i(1))]),
-            "8004950a000000000000007d948c0161944b01732e",
-        ),
-        (
-            PyValue::List(vec![s("ab"), s("ab")]),
-            "8004950c000000000000005d94288c026162946801652e",
-        ),
+        (PyValue::Tuple(vec![i(1), i(2)]), "80049507000000000000004b014b0286942e"),
+        (PyValue::Tuple(vec![i(1), i(2), i(3), i(4)]), "8004950c00000000000000284b014b024b034b0474942e"),
+        (PyValue::Dict(vec![(s("a"), i(1))]), "8004950a000000000000007d948c0161944b01732e"),
+        (PyValue::List(vec![s("ab"), s("ab")]), "8004950c000000000000005d94288c026162946801652e"),
     ];
     for (v, want) in cases {
         assert_eq!(hex(&roundtrip(&v)), want, "{v:?}");
@@ -208,29 +170,10 @@ fn exact_bytes_of_small_values() {
 
 #[test]
 fn ints_at_every_opcode_boundary() {
-    let mut vals = vec![
-        0i128, 1, 255, 256, 65535, 65536, -1, -128, -129, -255, -256, -65536,
-    ];
-    vals.extend([
-        i32::MAX as i128,
-        i32::MIN as i128,
-        i32::MAX as i128 + 1,
-        i32::MIN as i128 - 1,
-    ]);
-    vals.extend([
-        i64::MAX as i128,
-        i64::MIN as i128,
-        i64::MAX as i128 + 1,
-        i64::MIN as i128 - 1,
-    ]);
-    vals.extend([
-        u64::MAX as i128,
-        u64::MAX as i128 + 1,
-        i128::MAX,
-        i128::MIN,
-        1 << 100,
-        -(1 << 100),
-    ]);
+    let mut vals = vec![0i128, 1, 255, 256, 65535, 65536, -1, -128, -129, -255, -256, -65536];
+    vals.extend([i32::MAX as i128, i32::MIN as i128, i32::MAX as i128 + 1, i32::MIN as i128 - 1]);
+    vals.extend([i64::MAX as i128, i64::MIN as i128, i64::MAX as i128 + 1, i64::MIN as i128 - 1]);
+    vals.extend([u64::MAX as i128, u64::MAX as i128 + 1, i128::MAX, i128::MIN, 1 << 100, -(1 << 100)]);
     for v in vals {
         roundtrip(&i(v));
         // the same value given as (non-minimal) bytes writes the same pickle
@@ -256,14 +199,7 @@ fn ints_at_every_opcode_boundary() {
 
 #[test]
 fn floats_keep_their_bits() {
-    for bits in [
-        0u64,
-        1 << 63,
-        0x7ff0_0000_0000_0000,
-        0xfff0_0000_0000_0000,
-        0x7ff8_0000_0000_0001,
-        1,
-    ] {
+    for bits in [0u64, 1 << 63, 0x7ff0_0000_0000_0000, 0xfff0_0000_0000_0000, 0x7ff8_0000_0000_0001, 1] {
         roundtrip(&PyValue::Float(f64::from_bits(bits)));
     }
 }
@@ -305,11 +241,7 @@ fn batches_like_cpython() {
             1 => assert_eq!((marks, appends, append), (0, 0, 1)),
             _ => {
                 let batches = n.div_ceil(1000);
-                assert_eq!(
-                    (marks, appends, append),
-                    (batches, batches, 0),
-                    "list of {n}"
-                );
+                assert_eq!((marks, appends, append), (batches, batches, 0), "list of {n}");
             }
         }
         let dict = PyValue::Dict(vec![(PyValue::None, PyValue::None); n]);
@@ -321,21 +253,13 @@ fn batches_like_cpython() {
             // CPython's C pickler writes an extra empty batch after a full last batch
             _ => {
                 let batches = n / 1000 + 1;
-                assert_eq!(
-                    (marks, setitems, setitem),
-                    (batches, batches, 0),
-                    "dict of {n}"
-                );
+                assert_eq!((marks, setitems, setitem), (batches, batches, 0), "dict of {n}");
             }
         }
         let set = PyValue::Set((0..n).map(|k| i(k as i128 % 100)).collect());
         roundtrip(&set);
-        roundtrip(&PyValue::FrozenSet(
-            (0..n.min(50)).map(|k| i(k as i128)).collect(),
-        ));
-        roundtrip(&PyValue::Tuple(
-            (0..n).map(|k| i(k as i128 % 100)).collect(),
-        ));
+        roundtrip(&PyValue::FrozenSet((0..n.min(50)).map(|k| i(k as i128)).collect()));
+        roundtrip(&PyValue::Tuple((0..n).map(|k| i(k as i128 % 100)).collect()));
     }
 }
 
@@ -346,11 +270,7 @@ fn frames_like_cpython() {
     assert_eq!(frames(&b), [(2, 65537), (65548, 54290)]);
     assert_eq!(b.len(), 119847);
     // [b'x'*70000, 'y'*70000, 1]: large payloads outside frames; a 3-byte frame gets no header
-    let v = PyValue::List(vec![
-        PyValue::Bytes(vec![b'x'; 70000]),
-        s(&"y".repeat(70000)),
-        i(1),
-    ]);
+    let v = PyValue::List(vec![PyValue::Bytes(vec![b'x'; 70000]), s(&"y".repeat(70000)), i(1)]);
     let b = roundtrip(&v);
     assert_eq!(b.len(), 140030);
     assert_eq!(&b[..5], &[0x80, 4, b']', 0x94, b'(']);
@@ -392,9 +312,7 @@ fn memo_shares_containers_and_strings() {
 #[test]
 fn cpython_fixtures_reencode_identically() {
     let mut same = Vec::new();
-    for name in [
-        "fixed", "random0", "random1", "random2", "shared", "many", "frames",
-    ] {
+    for name in ["fixed", "random0", "random1", "random2", "shared", "many", "frames"] {
         let b = fixture(&format!("values/{name}_p4.pickle"));
         let d = pickle::decode(&b).unwrap();
         let out = reencode(&d);
@@ -406,10 +324,7 @@ fn cpython_fixtures_reencode_identically() {
     }
     // These were checked to have no duplicated equal strings.
     for name in ["fixed", "shared", "many", "frames"] {
-        assert!(
-            same.contains(&name),
-            "{name}_p4.pickle re-encoded differently (identical: {same:?})"
-        );
+        assert!(same.contains(&name), "{name}_p4.pickle re-encoded differently (identical: {same:?})");
     }
 }
 
@@ -453,10 +368,7 @@ proptest! {
 // CPython
 
 pub fn python3() -> Option<&'static str> {
-    let ok = Command::new("python3")
-        .args(["-c", "import pickle"])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let ok = Command::new("python3").args(["-c", "import pickle"]).output().is_ok_and(|o| o.status.success());
     if !ok {
         eprintln!("note: python3 not found; skipping the CPython check");
     }
@@ -477,27 +389,11 @@ fn cpython_loads_and_repickles_identically() {
     let dir = scratch_dir("writer");
     let mut values: Vec<PyValue> = vec![
         PyValue::List((0..40000).map(i).collect()),
-        PyValue::List(vec![
-            PyValue::Bytes(vec![b'x'; 70000]),
-            s(&"y".repeat(70000)),
-            i(1),
-        ]),
-        PyValue::Dict(
-            (0..1000)
-                .map(|k| (i(k), s(&format!("v{}", k % 7))))
-                .collect(),
-        ),
-        PyValue::Dict(
-            (0..2500)
-                .map(|k| (s(&format!("k{k}")), i(k * 1_000_000_007)))
-                .collect(),
-        ),
+        PyValue::List(vec![PyValue::Bytes(vec![b'x'; 70000]), s(&"y".repeat(70000)), i(1)]),
+        PyValue::Dict((0..1000).map(|k| (i(k), s(&format!("v{}", k % 7)))).collect()),
+        PyValue::Dict((0..2500).map(|k| (s(&format!("k{k}")), i(k * 1_000_000_007))).collect()),
         PyValue::Set((0..1000).map(i).collect()),
-        PyValue::Tuple(
-            (0..5)
-                .map(|k| PyValue::Tuple((0..k).map(i).collect()))
-                .collect(),
-        ),
+        PyValue::Tuple((0..5).map(|k| PyValue::Tuple((0..k).map(i).collect())).collect()),
         PyValue::BigInt(vec![0x81; 300]),
     ];
     let mut runner = proptest::test_runner::TestRunner::deterministic();
@@ -548,22 +444,11 @@ fn cpython_loads_and_repickles_identically() {
     }
     let mf = dir.join("manifest.txt");
     std::fs::write(&mf, manifest).unwrap();
-    let out = Command::new(py)
-        .args(["-c", &script])
-        .arg(&mf)
-        .output()
-        .unwrap();
+    let out = Command::new(py).args(["-c", &script]).arg(&mf).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.trim_end().ends_with("bad 0"), "{stdout}");
-    eprintln!(
-        "{} values checked by CPython ({expected_dupes} skipped: duplicate keys)",
-        values.len() - expected_dupes
-    );
+    eprintln!("{} values checked by CPython ({expected_dupes} skipped: duplicate keys)", values.len() - expected_dupes);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -618,15 +503,8 @@ fn has_python_duplicates(v: &PyValue) -> bool {
         true
     };
     match v {
-        PyValue::Dict(pairs) => {
-            !unique(&mut pairs.iter().map(|(k, _)| k))
-                || pairs
-                    .iter()
-                    .any(|(k, x)| has_python_duplicates(k) || has_python_duplicates(x))
-        }
-        PyValue::Set(x) | PyValue::FrozenSet(x) => {
-            !unique(&mut x.iter()) || x.iter().any(has_python_duplicates)
-        }
+        PyValue::Dict(pairs) => !unique(&mut pairs.iter().map(|(k, _)| k)) || pairs.iter().any(|(k, x)| has_python_duplicates(k) || has_python_duplicates(x)),
+        PyValue::Set(x) | PyValue::FrozenSet(x) => !unique(&mut x.iter()) || x.iter().any(has_python_duplicates),
         PyValue::List(x) | PyValue::Tuple(x) => x.iter().any(has_python_duplicates),
         // -0.0 and 0.0 canon differently but a set/dict may keep either: covered by `key`
         _ => false,

@@ -10,8 +10,8 @@ use std::process::Command;
 
 use allocsim_trace::snapshot::{from_pickle, to_pickle};
 use allocsim_trace::{
-    Action, Annotation, BlockState, EntryMeta, Frame, OutputFormat, RecordedSettings, Snapshot,
-    SnapshotBlock, SnapshotSegment, TraceEntry, jsonl, read_trace, read_trace_bytes, write_trace,
+    Action, Annotation, BlockState, EntryMeta, Frame, OutputFormat, RecordedSettings, Snapshot, SnapshotBlock, SnapshotSegment, TraceEntry, jsonl, read_trace,
+    read_trace_bytes, write_trace,
 };
 use common::fixture;
 
@@ -42,9 +42,7 @@ fn raw_pickle(path: &Path) -> Vec<u8> {
     let b = std::fs::read(path).unwrap();
     if b.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
-        flate2::read::MultiGzDecoder::new(&b[..])
-            .read_to_end(&mut out)
-            .unwrap();
+        flate2::read::MultiGzDecoder::new(&b[..]).read_to_end(&mut out).unwrap();
         out
     } else {
         b
@@ -58,31 +56,15 @@ fn jsonl_roundtrip(s: &Snapshot) -> Snapshot {
 }
 
 fn fr(name: &str, filename: &str, line: i64) -> Frame {
-    Frame {
-        name: name.into(),
-        filename: filename.into(),
-        line,
-    }
+    Frame { name: name.into(), filename: filename.into(), line }
 }
 
 /// A snapshot exercising every field: two devices, oom, big values, shared and unshared stacks.
 fn synthetic() -> Snapshot {
-    let e = |action, addr, size, stream, time_us, stack| TraceEntry {
-        action,
-        addr,
-        size,
-        stream,
-        time_us,
-        stack,
-        meta: 0,
-    };
+    let e = |action, addr, size, stream, time_us, stack| TraceEntry { action, addr, size, stream, time_us, stack, meta: 0 };
     let with_meta = |meta, e: TraceEntry| TraceEntry { meta, ..e };
     let s = |x: &str| -> std::sync::Arc<str> { x.into() };
-    let ann = |stage: &str, name: &str, device, time_us| Annotation {
-        device,
-        time_us,
-        fields: vec![(s("stage"), s(stage)), (s("name"), s(name))],
-    };
+    let ann = |stage: &str, name: &str, device, time_us| Annotation { device, time_us, fields: vec![(s("stage"), s(stage)), (s("name"), s(name))] };
     Snapshot {
         segments: vec![
             SnapshotSegment {
@@ -97,20 +79,8 @@ fn synthetic() -> Snapshot {
                 pool_id: (0, 0),
                 is_expandable: false,
                 blocks: vec![
-                    SnapshotBlock {
-                        address: 0x7f00_0000_0000,
-                        size: 6 << 20,
-                        requested_size: 6_000_000,
-                        state: BlockState::ActiveAllocated,
-                        stack: 1,
-                    },
-                    SnapshotBlock {
-                        address: 0x7f00_0060_0000,
-                        size: 14 << 20,
-                        requested_size: 0,
-                        state: BlockState::Inactive,
-                        stack: 0,
-                    },
+                    SnapshotBlock { address: 0x7f00_0000_0000, size: 6 << 20, requested_size: 6_000_000, state: BlockState::ActiveAllocated, stack: 1 },
+                    SnapshotBlock { address: 0x7f00_0060_0000, size: 14 << 20, requested_size: 0, state: BlockState::Inactive, stack: 0 },
                 ],
             },
             SnapshotSegment {
@@ -125,52 +95,16 @@ fn synthetic() -> Snapshot {
                 pool_id: (1, -7),
                 is_expandable: true,
                 blocks: vec![
-                    SnapshotBlock {
-                        address: u64::MAX - (2 << 20) + 1,
-                        size: 512,
-                        requested_size: 500,
-                        state: BlockState::ActivePendingFree,
-                        stack: 2,
-                    },
-                    SnapshotBlock {
-                        address: u64::MAX - (2 << 20) + 513,
-                        size: (2 << 20) - 512,
-                        requested_size: 7,
-                        state: BlockState::Inactive,
-                        stack: 0,
-                    },
+                    SnapshotBlock { address: u64::MAX - (2 << 20) + 1, size: 512, requested_size: 500, state: BlockState::ActivePendingFree, stack: 2 },
+                    SnapshotBlock { address: u64::MAX - (2 << 20) + 513, size: (2 << 20) - 512, requested_size: 7, state: BlockState::Inactive, stack: 0 },
                 ],
             },
         ],
         device_traces: vec![
             vec![
-                e(
-                    Action::SegmentAlloc,
-                    0x7f00_0000_0000,
-                    20 << 20,
-                    u64::MAX,
-                    1_700_000_000_000_000,
-                    1,
-                ),
-                with_meta(
-                    1,
-                    e(
-                        Action::Alloc,
-                        0x7f00_0000_0000,
-                        6_000_000,
-                        u64::MAX,
-                        1_700_000_000_000_001,
-                        1,
-                    ),
-                ),
-                e(
-                    Action::Oom,
-                    147_460_325_376,
-                    1 << 40,
-                    0,
-                    1_700_000_000_000_002,
-                    2,
-                ),
+                e(Action::SegmentAlloc, 0x7f00_0000_0000, 20 << 20, u64::MAX, 1_700_000_000_000_000, 1),
+                with_meta(1, e(Action::Alloc, 0x7f00_0000_0000, 6_000_000, u64::MAX, 1_700_000_000_000_001, 1)),
+                e(Action::Oom, 147_460_325_376, 1 << 40, 0, 1_700_000_000_000_002, 2),
                 e(Action::Snapshot, 0, 6 << 20, 0, -5, 0),
             ],
             vec![],
@@ -184,9 +118,7 @@ fn synthetic() -> Snapshot {
             ],
         ],
         settings: RecordedSettings {
-            alloc_conf: Some(
-                "expandable_segments:True,roundup_power2_divisions:[256:8,>:2]".into(),
-            ),
+            alloc_conf: Some("expandable_segments:True,roundup_power2_divisions:[256:8,>:2]".into()),
             max_split_size: Some(-1),
             garbage_collection_threshold: Some(0.6),
             expandable_segments: Some(true),
@@ -196,15 +128,8 @@ fn synthetic() -> Snapshot {
         },
         stacks: vec![
             vec![],
-            vec![
-                fr("w_frag", "gpu/record.py", 56),
-                fr("<module>", "gpu/record.py", 407),
-            ],
-            vec![
-                fr("名前", "/very/long/".repeat(40).as_str(), -1),
-                fr("w_frag", "gpu/record.py", 56),
-                fr("w_frag", "gpu/record.py", 56),
-            ],
+            vec![fr("w_frag", "gpu/record.py", 56), fr("<module>", "gpu/record.py", 407)],
+            vec![fr("名前", "/very/long/".repeat(40).as_str(), -1), fr("w_frag", "gpu/record.py", 56), fr("w_frag", "gpu/record.py", 56)],
         ],
         annotations: vec![
             ann("START", "Optimizer.step#AdamW.step", 0, 1_700_000_000_000_000),
@@ -232,18 +157,11 @@ fn synthetic_roundtrips() {
     let mut t = s.clone();
     t.settings = RecordedSettings::default();
     assert_eq!(from_pickle(&to_pickle(&t)).unwrap(), t);
-    t.settings = RecordedSettings {
-        present: true,
-        max_split_size: Some(128 << 20),
-        ..Default::default()
-    };
+    t.settings = RecordedSettings { present: true, max_split_size: Some(128 << 20), ..Default::default() };
     assert_eq!(from_pickle(&to_pickle(&t)).unwrap(), t);
 
     // empty snapshot
-    let e = Snapshot {
-        stacks: vec![vec![]],
-        ..Default::default()
-    };
+    let e = Snapshot { stacks: vec![vec![]], ..Default::default() };
     assert_eq!(from_pickle(&to_pickle(&e)).unwrap(), e);
 }
 
@@ -252,23 +170,9 @@ fn layout_matches_torch_2_11() {
     use allocsim_trace::pickle::decode;
     let b = to_pickle(&synthetic());
     let d = decode(&b).unwrap();
-    let keys = |v| -> Vec<String> {
-        d.dict(v)
-            .unwrap()
-            .iter()
-            .map(|&(k, _)| d.str(k).unwrap().to_owned())
-            .collect()
-    };
+    let keys = |v| -> Vec<String> { d.dict(v).unwrap().iter().map(|&(k, _)| d.str(k).unwrap().to_owned()).collect() };
     let root = d.root();
-    assert_eq!(
-        keys(root),
-        [
-            "segments",
-            "device_traces",
-            "allocator_settings",
-            "external_annotations"
-        ]
-    );
+    assert_eq!(keys(root), ["segments", "device_traces", "allocator_settings", "external_annotations"]);
     let seg = d.items(d.dict_get(root, "segments").unwrap()).unwrap()[0];
     assert_eq!(
         keys(seg),
@@ -287,45 +191,21 @@ fn layout_matches_torch_2_11() {
             "blocks"
         ]
     );
-    assert!(matches!(
-        d.dict_get(seg, "segment_pool_id"),
-        Some(allocsim_trace::pickle::Value::Tuple(_))
-    ));
+    assert!(matches!(d.dict_get(seg, "segment_pool_id"), Some(allocsim_trace::pickle::Value::Tuple(_))));
     // torch writes int64_t(stream): u64::MAX is -1
-    assert_eq!(
-        d.dict_get(seg, "stream"),
-        Some(allocsim_trace::pickle::Value::Int(-1))
-    );
+    assert_eq!(d.dict_get(seg, "stream"), Some(allocsim_trace::pickle::Value::Int(-1)));
     let blk = d.items(d.dict_get(seg, "blocks").unwrap()).unwrap()[1];
-    assert_eq!(
-        keys(blk),
-        ["address", "size", "requested_size", "state", "frames"]
-    );
+    assert_eq!(keys(blk), ["address", "size", "requested_size", "state", "frames"]);
     let traces = d.items(d.dict_get(root, "device_traces").unwrap()).unwrap();
     assert_eq!(traces.len(), 3);
     let t0 = d.items(traces[0]).unwrap();
-    let with_frames = [
-        "action",
-        "addr",
-        "size",
-        "stream",
-        "time_us",
-        "compile_context",
-        "user_metadata",
-        "frames",
-    ];
+    let with_frames = ["action", "addr", "size", "stream", "time_us", "compile_context", "user_metadata", "frames"];
     assert_eq!(keys(t0[0]), with_frames);
     assert_eq!(keys(t0[2])[1], "device_free");
     assert_eq!(keys(t0[3]), with_frames[..7]); // no stack: no 'frames'
-    assert_eq!(
-        d.str(d.dict_get(t0[0], "compile_context").unwrap()),
-        Some("N/A")
-    );
+    assert_eq!(d.str(d.dict_get(t0[0], "compile_context").unwrap()), Some("N/A"));
     assert_eq!(d.str(d.dict_get(t0[0], "user_metadata").unwrap()), Some(""));
-    assert_eq!(
-        d.str(d.dict_get(t0[1], "compile_context").unwrap()),
-        Some("Torch-Compiled Region: 0/0")
-    );
+    assert_eq!(d.str(d.dict_get(t0[1], "compile_context").unwrap()), Some("Torch-Compiled Region: 0/0"));
     let t2 = d.items(traces[2]).unwrap();
     assert_eq!(d.str(d.dict_get(t2[1], "user_metadata").unwrap()), Some("step 3"));
     assert_eq!(d.str(d.dict_get(t2[2], "compile_context").unwrap()), Some(""));
@@ -335,10 +215,7 @@ fn layout_matches_torch_2_11() {
     assert_eq!(anns.len(), 5);
     assert_eq!(keys(anns[0]), ["stage", "name", "device", "time_us"]);
     assert_eq!(d.str(d.dict_get(anns[1], "stage").unwrap()), Some("END"));
-    assert_eq!(
-        d.dict_get(anns[2], "device"),
-        Some(allocsim_trace::pickle::Value::Int(2))
-    );
+    assert_eq!(d.dict_get(anns[2], "device"), Some(allocsim_trace::pickle::Value::Int(2)));
     assert_eq!(keys(anns[3]), ["name", "", "device", "time_us"]);
     // one list object per stack, shared by blocks and entries
     assert_eq!(d.dict_get(t0[0], "frames"), d.dict_get(t0[1], "frames"));
@@ -359,10 +236,7 @@ fn layout_matches_torch_2_11() {
             "roundup_power2_divisions"
         ]
     );
-    assert_eq!(
-        keys(d.dict_get(settings, "roundup_power2_divisions").unwrap()),
-        ["1", "256", "32768"]
-    );
+    assert_eq!(keys(d.dict_get(settings, "roundup_power2_divisions").unwrap()), ["1", "256", "32768"]);
 }
 
 #[test]
@@ -370,11 +244,7 @@ fn fixtures_roundtrip() {
     for p in [2, 4, 5] {
         let s = from_pickle(&fixture(&format!("snap/small_p{p}.pickle"))).unwrap();
         assert_eq!(from_pickle(&to_pickle(&s)).unwrap(), s, "small_p{p}");
-        assert_eq!(
-            from_pickle(&to_pickle(&jsonl_roundtrip(&s))).unwrap(),
-            s,
-            "small_p{p} via jsonl"
-        );
+        assert_eq!(from_pickle(&to_pickle(&jsonl_roundtrip(&s))).unwrap(), s, "small_p{p} via jsonl");
     }
 }
 
@@ -388,58 +258,36 @@ fn real_traces_roundtrip() {
         let raw = raw_pickle(path);
         let s = from_pickle(&raw).unwrap_or_else(|e| panic!("{name}: {e}"));
         let ours = to_pickle(&s);
-        let back =
-            from_pickle(&ours).unwrap_or_else(|e| panic!("{name}: ours does not decode: {e}"));
+        let back = from_pickle(&ours).unwrap_or_else(|e| panic!("{name}: ours does not decode: {e}"));
         assert!(back == s, "{name}: pickle round trip differs");
         let via_jsonl = jsonl_roundtrip(&s);
         assert!(via_jsonl == s, "{name}: JSON Lines round trip differs");
-        assert!(
-            to_pickle(&via_jsonl) == ours,
-            "{name}: pickle via JSON Lines differs in bytes"
-        );
+        assert!(to_pickle(&via_jsonl) == ours, "{name}: pickle via JSON Lines differs in bytes");
         // Without stacks nothing is left to choose: the bytes must be torch's exactly. (With
         // stacks, torch makes one frames list per captured traceback, where we make one per
         // distinct stack, and keeps segment-level stacks, which a Snapshot drops.)
-        assert!(
-            ours == raw || s.stacks.len() > 1,
-            "{name}: has no stacks but is not written byte for byte"
-        );
+        assert!(ours == raw || s.stacks.len() > 1, "{name}: has no stacks but is not written byte for byte");
         ours == raw
     };
     // round-robin over the cores (the traces are sorted by name, so big ones sit together)
-    let n = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(8);
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
     let identical: usize = std::thread::scope(|sc| {
         let handles: Vec<_> = (0..n)
             .map(|k| {
                 let traces = &traces;
-                sc.spawn(move || {
-                    traces
-                        .iter()
-                        .skip(k)
-                        .step_by(n)
-                        .filter(|p| check(p))
-                        .count()
-                })
+                sc.spawn(move || traces.iter().skip(k).step_by(n).filter(|p| check(p)).count())
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).sum()
     });
-    eprintln!(
-        "{} real traces round-trip; {identical} written byte-identical to torch's file",
-        traces.len()
-    );
+    eprintln!("{} real traces round-trip; {identical} written byte-identical to torch's file", traces.len());
 }
 
 /// The files `allocsim convert` writes: pickle.gz → .jsonl → .pickle.gz → .pickle, each read back
 /// with `read_trace`, all equal to the original snapshot.
 #[test]
 fn convert_chain_through_files() {
-    let Some(src) = real_traces()
-        .into_iter()
-        .find(|p| p.to_string_lossy().contains("multistream__default"))
-    else {
+    let Some(src) = real_traces().into_iter().find(|p| p.to_string_lossy().contains("multistream__default")) else {
         return;
     };
     let dir = scratch_dir("chain");
@@ -493,10 +341,7 @@ fn scratch_dir(tag: &str) -> PathBuf {
 }
 
 fn python3() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import pickle"])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let ok = Command::new("python3").args(["-c", "import pickle"]).output().is_ok_and(|o| o.status.success());
     if !ok {
         eprintln!("note: python3 not found; skipping the CPython checks");
     }
@@ -606,12 +451,7 @@ fn cpython_loads_real_traces_like_torchs_own() {
         let s = read_trace(&path).unwrap();
         let out = dir.join(name.replace(".gz", ""));
         std::fs::write(&out, to_pickle(&s)).unwrap();
-        let r = Command::new("python3")
-            .arg(&script)
-            .arg(&out)
-            .arg(&path)
-            .output()
-            .unwrap();
+        let r = Command::new("python3").arg(&script).arg(&out).arg(&path).output().unwrap();
         assert!(
             r.status.success() && String::from_utf8_lossy(&r.stdout).contains("ok"),
             "{name}: {}{}",
@@ -639,9 +479,6 @@ fn cpython_pickle_load_accepts_written_file() {
         .output()
         .unwrap();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    assert_eq!(
-        String::from_utf8_lossy(&r.stdout).trim(),
-        "4 93823560585780 147460325376"
-    );
+    assert_eq!(String::from_utf8_lossy(&r.stdout).trim(), "4 93823560585780 147460325376");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -96,14 +96,7 @@ pub fn fit_where(prepared: &Prepared, config: &AllocatorConfig, placement: &Plac
             None => break,
         }
     }
-    Fit {
-        capacity: Some(hi * STEP),
-        uncapped_peak_reserved: uncapped_peak,
-        peak_allocated,
-        checked_below,
-        non_monotone,
-        replays,
-    }
+    Fit { capacity: Some(hi * STEP), uncapped_peak_reserved: uncapped_peak, peak_allocated, checked_below, non_monotone, replays }
 }
 
 /// Replays `prepared` under `config` and `placement` on a card of `card` bytes of which `outside`

@@ -5,9 +5,9 @@ use allocsim_model::constants::ROUNDUP_INTERVALS;
 use allocsim_model::{Device, Placement, SimDevice};
 use allocsim_replay::run::Limits;
 use allocsim_replay::{Prepared, ReplayOutcome};
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;
-use rayon::prelude::*;
 
 use crate::cost::device_call_us;
 use crate::grid::GridPoint;
@@ -108,13 +108,7 @@ impl Row {
 /// Replays `prepared` under every valid point of the grid and every placement, in parallel, under
 /// `limits` ([`Prepared::limits`]), and returns the rows ranked best first (rejected configs last). `progress` is called once per
 /// finished (or shared, see [`sweep_with`]) replay.
-pub fn sweep(
-    prepared: &Prepared,
-    points: &[GridPoint],
-    limits: &Limits,
-    placements: usize,
-    progress: &(dyn Fn() + Sync),
-) -> Vec<Row> {
+pub fn sweep(prepared: &Prepared, points: &[GridPoint], limits: &Limits, placements: usize, progress: &(dyn Fn() + Sync)) -> Vec<Row> {
     sweep_with(prepared, points, limits, placements, true, progress)
 }
 
@@ -204,14 +198,7 @@ fn rounding_classes(all: &[[u64; ROUNDUP_INTERVALS]], sizes: &[u64]) -> Vec<[u64
 /// `garbage_collection_threshold` is never reached in the replay without them ([`inert`]). Their
 /// outcomes name the config whose replay they share (`same_as`). Without `share` every
 /// (config, placement) is replayed (the tests check that both agree).
-pub fn sweep_with(
-    prepared: &Prepared,
-    points: &[GridPoint],
-    limits: &Limits,
-    placements: usize,
-    share: bool,
-    progress: &(dyn Fn() + Sync),
-) -> Vec<Row> {
+pub fn sweep_with(prepared: &Prepared, points: &[GridPoint], limits: &Limits, placements: usize, share: bool, progress: &(dyn Fn() + Sync)) -> Vec<Row> {
     let list = prepared.placements(placements.max(1));
     let valid: Vec<(usize, &AllocatorConfig)> = points.iter().enumerate().filter_map(|(i, p)| p.config.as_ref().ok().map(|c| (i, c))).collect();
     // The settings each point is replayed under: itself, or (sharing) its canonical form.
@@ -380,11 +367,7 @@ pub fn depends_on_limits(sweeps: &[&[Row]]) -> Vec<String> {
 
 /// How many replays `sweep` will run (for a progress bar).
 pub fn replay_count(points: &[GridPoint], placements: usize) -> usize {
-    points
-        .iter()
-        .filter_map(|p| p.config.as_ref().ok())
-        .map(|c| if c.expandable_segments { 1 } else { placements.max(1) })
-        .sum()
+    points.iter().filter_map(|p| p.config.as_ref().ok()).map(|c| if c.expandable_segments { 1 } else { placements.max(1) }).sum()
 }
 
 /// What `sweep` recommends, from its ranked rows (`own`: the index of the trace's own settings

@@ -5,11 +5,8 @@ use allocsim_trace::pickle::{Decoded, Value};
 use std::path::PathBuf;
 
 pub fn fixture(rel: &str) -> Vec<u8> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(rel);
-    std::fs::read(&p)
-        .unwrap_or_else(|e| panic!("{}: {e} (run tests/fixtures/gen_fixtures.py)", p.display()))
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e} (run tests/fixtures/gen_fixtures.py)", p.display()))
 }
 
 #[path = "../../../../tests/support/reference.rs"]
@@ -64,12 +61,7 @@ pub fn le_twos_to_decimal(b: &[u8]) -> String {
 pub fn canon(d: &Decoded<'_>, v: Value, depth: usize) -> String {
     assert!(depth < 64, "unexpectedly deep value");
     let seq = |open: &str, close: &str, sort: bool| {
-        let mut items: Vec<String> = d
-            .items(v)
-            .unwrap()
-            .iter()
-            .map(|&x| canon(d, x, depth + 1))
-            .collect();
+        let mut items: Vec<String> = d.items(v).unwrap().iter().map(|&x| canon(d, x, depth + 1)).collect();
         if sort {
             items.sort();
         }
@@ -89,12 +81,7 @@ pub fn canon(d: &Decoded<'_>, v: Value, depth: usize) -> String {
         Value::Set(_) => seq("S{", "}", true),
         Value::FrozenSet(_) => seq("F{", "}", true),
         Value::Dict(_) => {
-            let items: Vec<String> = d
-                .dict(v)
-                .unwrap()
-                .iter()
-                .map(|&(k, x)| format!("{}:{}", canon(d, k, depth + 1), canon(d, x, depth + 1)))
-                .collect();
+            let items: Vec<String> = d.dict(v).unwrap().iter().map(|&(k, x)| format!("{}:{}", canon(d, k, depth + 1), canon(d, x, depth + 1))).collect();
             format!("{{{}}}", items.join(","))
         }
     }
