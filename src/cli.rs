@@ -6,14 +6,13 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use allocsim_commands::Trace;
 use allocsim_commands::file::ReplayFile;
 use allocsim_commands::replay::ReplayOptions;
-use allocsim_commands::{Answer, Trace};
-use allocsim_trace::Snapshot;
 use clap::{Parser, Subcommand};
 
-pub use allocsim_commands::write_json;
-
+pub use crate::common::UserError;
+use crate::common::{load, write_answer};
 use crate::output::{Io, PipeWriter};
 use crate::size::parse_size;
 
@@ -122,9 +121,9 @@ enum Command {
     /// Write a simulated run (under any config) as a snapshot for memory_viz / torch.cuda._memory_viz.
     Export(crate::report_cmd::ExportArgs),
     /// Replay under every config of a grid and rank them: which setting saves this job?
-    Sweep(crate::whatif_cmds::SweepArgs),
+    Sweep(crate::sweep_cmd::SweepArgs),
     /// The smallest allowed maximum (to the 2 MiB) at which the trace runs without OOM.
-    Fit(crate::whatif_cmds::FitArgs),
+    Fit(crate::sweep_cmd::FitArgs),
     /// The trace cut into iterations (the optimizer's steps, or `--by NAME`) and annotated
     /// regions, each with its peaks under the replayed config: which step peaks, and where.
     Phases(crate::phases_cmd::PhasesArgs),
@@ -138,7 +137,7 @@ enum Command {
     /// Runs side by side: two runs of the same requests (where reserved memory diverges, and
     /// why), or the ranks of one job (a directory, a glob or several files: which rank spiked or
     /// ran out of memory first, in which iteration).
-    Compare(crate::whatif_cmds::CompareArgs),
+    Compare(crate::compare_cmd::CompareArgs),
     /// Generate a seeded synthetic snapshot (training steps, variable-length batches, KV-cache
     /// growth, random) of any length, for scale tests; `-o trace.jsonl` streams in constant memory.
     Synth(crate::synth_cmd::SynthArgs),
@@ -152,16 +151,6 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
-}
-
-/// An error for the user: one line, exit status 2.
-#[derive(Debug)]
-pub struct UserError(pub String);
-
-impl<E: std::fmt::Display> From<E> for UserError {
-    fn from(e: E) -> Self {
-        UserError(e.to_string())
-    }
 }
 
 /// The binary: parses the process's arguments (clap prints help and argument errors itself) and
@@ -246,7 +235,7 @@ fn check_bounds(command: &Command) -> Result<(), UserError> {
             _ => Ok(()),
         }
     }
-    fn traced(t: &crate::whatif_cmds::TraceArgs) -> Result<(), UserError> {
+    fn traced(t: &crate::common::TraceArgs) -> Result<(), UserError> {
         memory("device-memory", t.device_memory)?;
         memory("trace-capacity", t.trace_capacity)?;
         device(t.device)
@@ -313,12 +302,12 @@ fn execute(command: Command, io: &mut Io<'_>) -> i32 {
         Command::Explain(a) => crate::explain_cmd::cmd_explain(&a, io),
         Command::Report(a) => crate::report_cmd::cmd_report(&a, io),
         Command::Export(a) => crate::report_cmd::cmd_export(&a, io),
-        Command::Sweep(a) => crate::whatif_cmds::cmd_sweep(&a, io),
-        Command::Fit(a) => crate::whatif_cmds::cmd_fit(&a, io),
+        Command::Sweep(a) => crate::sweep_cmd::cmd_sweep(&a, io),
+        Command::Fit(a) => crate::sweep_cmd::cmd_fit(&a, io),
         Command::Phases(a) => crate::phases_cmd::cmd_phases(&a, io),
         Command::Graphs(a) => crate::graphs_cmd::cmd_graphs(&a, io),
         Command::Scale(a) => crate::scale_cmd::cmd_scale(&a, io),
-        Command::Compare(a) => crate::whatif_cmds::cmd_compare(&a, io),
+        Command::Compare(a) => crate::compare_cmd::cmd_compare(&a, io),
         Command::Synth(a) => crate::synth_cmd::cmd_synth(&a, io),
     };
     match r {
@@ -334,32 +323,6 @@ fn report(err: &mut dyn Write, e: &UserError) -> i32 {
     let _ = writeln!(err, "allocsim: error: {line}");
     let _ = err.flush();
     2
-}
-
-/// Says which device a command answers for when it chose one (several devices, no `--device`),
-/// and what a snapshot without any trace entry can tell: lines before the text output, or notes on
-/// stderr beside machine-readable output (the choice: `allocsim_replay::devices`).
-pub(crate) fn say_device(io: &mut Io<'_>, snap: &Snapshot, device: Option<usize>, machine: bool) -> Result<(), UserError> {
-    let choice = allocsim_replay::devices::device_for(snap, device).map_err(allocsim_commands::Error::from)?;
-    let mut lines = Vec::new();
-    if let Some(text) = choice.describe() {
-        lines.push(format!("answering for {text}"));
-    }
-    if let Some(text) = snap.no_history_note() {
-        lines.push(format!("note: {text}"));
-    }
-    for l in lines {
-        if machine {
-            writeln!(io.err, "allocsim: note: {}", l.strip_prefix("note: ").unwrap_or(&l))?;
-        } else {
-            writeln!(io.out, "{l}")?;
-        }
-    }
-    Ok(())
-}
-
-pub(crate) fn load(path: &Path) -> Result<Snapshot, UserError> {
-    Ok(allocsim_commands::file::read_trace(path, false)?)
 }
 
 impl ReplayArgs {
@@ -394,16 +357,6 @@ fn cmd_validate(path: &Path, o: &allocsim_commands::replay::ValidateOptions, as_
     let name = path.display().to_string();
     let answer = allocsim_commands::replay::validate(Trace { name: &name, snapshot: &snap }, o)?;
     write_answer(&answer, as_json, io)
-}
-
-/// Writes an answer as text or JSON; its exit status.
-pub(crate) fn write_answer(answer: &dyn Answer, as_json: bool, io: &mut Io<'_>) -> Result<i32, UserError> {
-    if as_json {
-        answer.write_json(io.out)?;
-    } else {
-        answer.write_text(io.out)?;
-    }
-    Ok(answer.exit_code())
 }
 
 fn cmd_convert(input: &Path, output: &Path, io: &mut Io<'_>) -> Result<i32, UserError> {

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use allocsim_commands::Trace;
 use allocsim_commands::explain::ExplainOptions;
 
-use crate::cli::{UserError, load, write_answer};
+use crate::common::TraceArgs;
+use crate::common::{UserError, load, write_answer};
 use crate::output::Io;
 use crate::size::parse_size;
-use crate::whatif_cmds::TraceArgs;
 
 #[derive(clap::Args)]
 pub struct ExplainArgs {
@@ -43,6 +43,6 @@ pub fn cmd_explain(a: &ExplainArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let name = a.trace.trace.display().to_string();
     let options = ExplainOptions { trace: a.trace.options(), at: a.at.clone(), config: a.config.clone(), capacity: a.capacity, top: a.top };
     let answer = allocsim_commands::explain::explain(Trace { name: &name, snapshot: &snap }, other.as_ref(), &options)?;
-    crate::cli::say_device(io, &snap, a.trace.device, a.json)?;
+    crate::common::say_device(io, &snap, a.trace.device, a.json)?;
     write_answer(&answer, a.json, io)
 }

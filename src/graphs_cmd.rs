@@ -2,10 +2,10 @@
 
 use allocsim_commands::graphs::GraphsOptions;
 
-use crate::cli::{UserError, write_answer};
+use crate::common::TraceArgs;
+use crate::common::{UserError, write_answer};
 use crate::output::Io;
 use crate::size::parse_size;
-use crate::whatif_cmds::TraceArgs;
 
 #[derive(clap::Args)]
 pub struct GraphsArgs {
@@ -44,6 +44,6 @@ pub fn cmd_graphs(a: &GraphsArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
         placements: a.placements,
     };
     let answer = allocsim_commands::graphs::graphs(allocsim_commands::Trace { name: &name, snapshot: &snap }, &options)?;
-    crate::cli::say_device(io, &snap, a.trace.device, a.json)?;
+    crate::common::say_device(io, &snap, a.trace.device, a.json)?;
     write_answer(&answer, a.json, io)
 }

@@ -4,13 +4,14 @@
 //! through [`output::PipeWriter`], so a reader that closes the pipe early ends the command quietly.
 
 pub mod cli;
+pub mod common;
+pub mod compare_cmd;
 pub mod explain_cmd;
 pub mod graphs_cmd;
 pub mod output;
 pub mod phases_cmd;
-pub mod ranks_cmd;
 pub mod report_cmd;
 pub mod scale_cmd;
 pub use allocsim_commands::size;
+pub mod sweep_cmd;
 pub mod synth_cmd;
-pub mod whatif_cmds;

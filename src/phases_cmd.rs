@@ -2,10 +2,10 @@
 
 use allocsim_commands::phases::PhasesOptions;
 
-use crate::cli::{UserError, write_answer};
+use crate::common::TraceArgs;
+use crate::common::{UserError, write_answer};
 use crate::output::Io;
 use crate::size::parse_size;
-use crate::whatif_cmds::TraceArgs;
 
 #[derive(clap::Args)]
 pub struct PhasesArgs {
@@ -33,6 +33,6 @@ pub fn cmd_phases(a: &PhasesArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (snap, name) = a.trace.load()?;
     let options = PhasesOptions { trace: a.trace.options(), config: a.config.clone(), capacity: a.capacity, by: a.by.clone(), top: a.top };
     let answer = allocsim_commands::phases::phases(allocsim_commands::Trace { name: &name, snapshot: &snap }, &options)?;
-    crate::cli::say_device(io, &snap, a.trace.device, a.json)?;
+    crate::common::say_device(io, &snap, a.trace.device, a.json)?;
     write_answer(&answer, a.json, io)
 }

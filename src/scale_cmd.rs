@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use allocsim_commands::TraceOptions;
 use allocsim_commands::scale::{LargestUnder, ScaleOptions, parse_values};
 
-use crate::cli::{UserError, load, write_answer};
+use crate::common::{UserError, load, write_answer};
 use crate::output::Io;
 use crate::size::parse_size;
 
@@ -93,6 +93,6 @@ pub fn cmd_scale(a: &ScaleArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     };
     let traces: Vec<allocsim_commands::Trace<'_>> = snaps.iter().zip(&names).map(|(s, n)| allocsim_commands::Trace { name: n, snapshot: s }).collect();
     let answer = allocsim_commands::scale::scale(&traces, &options)?;
-    crate::cli::say_device(io, &snaps[0], a.device, a.json)?;
+    crate::common::say_device(io, &snaps[0], a.device, a.json)?;
     write_answer(&answer, a.json, io)
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 use allocsim_model::format::format_size;
 use allocsim_synth::{Spec, Workload};
 
-use crate::cli::UserError;
+use crate::common::UserError;
 use crate::output::Io;
 use crate::size::parse_size;
 

@@ -1,169 +1,21 @@
-//! `allocsim sweep` and `fit` (the answers: `allocsim_commands::{sweep, fit}`) and `compare`.
+//! `allocsim compare`: two runs of the same requests side by side (`allocsim_whatif::compare`),
+//! or many files as the ranks of one job (`allocsim_phases::ranks`).
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use allocsim_commands::fit::FitOptions;
-use allocsim_commands::sweep::SweepOptions;
-use allocsim_commands::{Trace, TraceOptions};
 use allocsim_model::AllocatorConfig;
 use allocsim_model::format::format_size;
+use allocsim_model::format::format_size as fs;
+use allocsim_phases::ranks::{RankSpec, Ranks, compare_runs, expand_paths};
 use allocsim_replay::{Prepared, ReplayOutcome, TorchVersion};
 use allocsim_trace::{Action, Snapshot};
 use allocsim_whatif::compare::{Side, compare};
 use comfy_table::{Table, presets};
 
-use crate::cli::{UserError, load, write_answer, write_json};
+use crate::common::{UserError, load, say_device, write_json};
 use crate::output::Io;
 use crate::size::parse_size;
-
-/// Where the trace came from and how it was recorded.
-#[derive(clap::Args, Clone)]
-pub struct TraceArgs {
-    /// A snapshot (.pickle, .pickle.gz) or an allocsim .jsonl trace.
-    pub trace: PathBuf,
-    /// The device's total memory (default: as the trace shows it, else an H200's). Every size
-    /// option takes at most 2^60 bytes.
-    #[arg(long, value_parser = parse_size)]
-    pub device_memory: Option<u64>,
-    /// The allowed maximum the trace was recorded under (tells its `empty_cache()` calls from the
-    /// releases its own OOM retries made). Default: inferred from the trace's OOM entries and
-    /// segment events, with the memory held outside the allocator.
-    #[arg(long, value_parser = parse_size)]
-    pub trace_capacity: Option<u64>,
-    /// Which device's trace, 0 to 65535 (default: the one that ran out of memory, else the one
-    /// with the highest peak reserved; the answer's first line says which and why).
-    #[arg(long)]
-    pub device: Option<usize>,
-}
-
-impl TraceArgs {
-    /// The trace, read, and the name its answers call it by.
-    pub fn load(&self) -> Result<(Snapshot, String), UserError> {
-        Ok((load(&self.trace)?, self.trace.display().to_string()))
-    }
-
-    /// The options that say how it was recorded.
-    pub fn options(&self) -> TraceOptions {
-        TraceOptions { device_memory: self.device_memory, trace_capacity: self.trace_capacity, device: self.device }
-    }
-}
-
-#[derive(clap::Args)]
-pub struct SweepArgs {
-    #[command(flatten)]
-    pub trace: TraceArgs,
-    /// The allowed maximum to sweep under (e.g. `24GiB`); default: the trace's own budget
-    /// (inferred from it), else the whole device.
-    #[arg(long, value_parser = parse_size)]
-    pub capacity: Option<u64>,
-    /// `key=v1,v2; key2=...` (`none` leaves a key out). Default: a grid over expandable_segments,
-    /// max_split_size_mb, roundup_power2_divisions and garbage_collection_threshold.
-    #[arg(long)]
-    pub grid: Option<String>,
-    /// Settings put before every grid point (e.g. `large_segment_size_mb:64`).
-    #[arg(long, default_value = "")]
-    pub base: String,
-    /// Segment placements per config, 1 to 64 (expandable-segment configs need one).
-    #[arg(long, default_value_t = 4)]
-    pub placements: usize,
-    /// Print one JSON object (every config, every placement) instead of the table.
-    #[arg(long, conflicts_with = "csv")]
-    pub json: bool,
-    /// Print one CSV row per config instead of the table.
-    #[arg(long)]
-    pub csv: bool,
-    /// How many rows to print (text output; configs with the same outcome share a row).
-    #[arg(long, default_value_t = 15)]
-    pub top: usize,
-    /// Let the table be as wide as its contents (default: the terminal's width from `COLUMNS`,
-    /// else 100 columns).
-    #[arg(long)]
-    pub wide: bool,
-}
-
-/// The widest a table may be: none with `--wide`, else `COLUMNS` (a terminal's width, at least
-/// 60), else `allocsim_commands::sweep::DEFAULT_WIDTH`.
-pub fn table_width(wide: bool) -> Option<u16> {
-    if wide {
-        return None;
-    }
-    let columns = std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse::<u16>().ok()).map(|c| c.max(60));
-    Some(columns.unwrap_or(allocsim_commands::sweep::DEFAULT_WIDTH))
-}
-
-fn progress_bar(n: usize, quiet: bool) -> indicatif::ProgressBar {
-    if quiet {
-        return indicatif::ProgressBar::hidden();
-    }
-    let pb = indicatif::ProgressBar::new(n as u64);
-    pb.set_style(indicatif::ProgressStyle::with_template("{spinner} replaying {pos}/{len} [{bar:30}] {elapsed}").unwrap().progress_chars("=> "));
-    pb
-}
-
-pub fn cmd_sweep(a: &SweepArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
-    let (snap, name) = a.trace.load()?;
-    let options = SweepOptions {
-        trace: a.trace.options(),
-        capacity: a.capacity,
-        grid: a.grid.clone(),
-        base: a.base.clone(),
-        placements: a.placements,
-        top: a.top,
-        width: table_width(a.wide),
-    };
-    let points = allocsim_commands::sweep::grid_points(&options)?;
-    let pb = progress_bar(allocsim_commands::sweep::replays(&options, &points), a.json || a.csv);
-    let answer = allocsim_commands::sweep::sweep(Trace { name: &name, snapshot: &snap }, &options, &|| pb.inc(1));
-    pb.finish_and_clear();
-    let answer = answer?;
-    crate::cli::say_device(io, &snap, a.trace.device, a.json || a.csv)?;
-    if a.csv {
-        answer.write_csv(io.out)?;
-        return Ok(0);
-    }
-    write_answer(&answer, a.json, io)
-}
-
-#[derive(clap::Args)]
-pub struct FitArgs {
-    #[command(flatten)]
-    pub trace: TraceArgs,
-    /// The settings to fit under (default: the trace's own).
-    #[arg(long)]
-    pub config: Option<String>,
-    /// Fit every config of a grid instead (see `sweep --grid`).
-    #[arg(long, conflicts_with = "config")]
-    pub grid: Option<String>,
-    /// Cards to check, e.g. `24GiB,40GiB,80GiB`.
-    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
-    pub cards: Vec<u64>,
-    /// Memory outside the allocator (CUDA context, library workspaces). Default: what the trace's
-    /// OOM entries show (`device_free`), else 518 MiB (measured on an H200 with torch 2.11).
-    #[arg(long, value_parser = parse_size)]
-    pub reserve: Option<u64>,
-    /// Also fit under N plausible placements (1 to 64) and report the range.
-    #[arg(long, default_value_t = 1)]
-    pub placements: usize,
-    /// Print one JSON object instead of the text.
-    #[arg(long)]
-    pub json: bool,
-}
-
-pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
-    let (snap, name) = a.trace.load()?;
-    let options = FitOptions {
-        trace: a.trace.options(),
-        config: a.config.clone(),
-        grid: a.grid.clone(),
-        cards: a.cards.clone(),
-        reserve: a.reserve,
-        placements: a.placements,
-    };
-    let answer = allocsim_commands::fit::fit(Trace { name: &name, snapshot: &snap }, &options)?;
-    crate::cli::say_device(io, &snap, a.trace.device, a.json)?;
-    write_answer(&answer, a.json, io)
-}
 
 #[derive(clap::Args)]
 pub struct CompareArgs {
@@ -287,8 +139,8 @@ fn replayed_side(label: String, p: &Prepared, o: &ReplayOutcome) -> Side {
 }
 
 pub fn cmd_compare(a: &CompareArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
-    if let Some(files) = crate::ranks_cmd::as_ranks(a)? {
-        return crate::ranks_cmd::cmd_ranks(a, &files, io);
+    if let Some(files) = as_ranks(a)? {
+        return cmd_ranks(a, &files, io);
     }
     let path_a = &a.files[0];
     let snap_a = load(path_a)?;
@@ -299,7 +151,7 @@ pub fn cmd_compare(a: &CompareArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
         }
         None => {
             let p = Prepared::new_for(&snap_a, a.device, a.device_memory, None, TorchVersion::DEFAULT).map_err(allocsim_commands::Error::from)?;
-            crate::cli::say_device(io, &snap_a, a.device, a.json)?;
+            say_device(io, &snap_a, a.device, a.json)?;
             let cfg = |c: &Option<String>| -> Result<(String, AllocatorConfig), UserError> {
                 match c {
                     Some(s) => Ok((s.clone(), AllocatorConfig::parse(s).map_err(|e| UserError(format!("--config {s:?}: {e}")))?)),
@@ -354,6 +206,137 @@ pub fn write_comparison(out: &mut dyn Write, c: &allocsim_whatif::compare::Compa
                 format_size(s.b_bytes),
                 format!("{}{}", if s.b_bytes >= s.a_bytes { "+" } else { "−" }, format_size(s.b_bytes.abs_diff(s.a_bytes))),
             ]);
+        }
+        writeln!(out, "{t}")?;
+    }
+    Ok(())
+}
+
+/// The files to compare as ranks, when the arguments ask for that (a directory, a glob, three or
+/// more files, or `--ranks`); `None` for the two-run comparison.
+pub fn as_ranks(a: &CompareArgs) -> Result<Option<Vec<PathBuf>>, UserError> {
+    let many = a.ranks || a.files.len() > 2 || a.files.iter().any(|f| f.is_dir() || f.file_name().is_some_and(|n| n.to_string_lossy().contains(['*', '?'])));
+    if !many {
+        return Ok(None);
+    }
+    Ok(Some(expand_paths(&a.files).map_err(UserError)?))
+}
+
+pub fn cmd_ranks(a: &CompareArgs, files: &[PathBuf], io: &mut Io<'_>) -> Result<i32, UserError> {
+    if let Some(c) = &a.config {
+        allocsim_model::AllocatorConfig::parse(c).map_err(|e| UserError(format!("--config {c:?}: {e}")))?;
+    }
+    if a.spike.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater) {
+        return Err(UserError(format!("--spike {}: expected a ratio above 1 (e.g. 1.1)", a.spike)));
+    }
+    let spec =
+        RankSpec { config: a.config.clone(), capacity: a.capacity, device_memory: a.device_memory, device: a.device, by: a.by.clone(), spike_ratio: a.spike };
+    let k = compare_runs(files, &spec);
+    if a.json {
+        write_json(io.out, &k)?;
+    } else {
+        write_ranks(io.out, &k)?;
+    }
+    let failed: Vec<_> = k.rows.iter().filter(|r| r.error.is_some()).collect();
+    match failed.first() {
+        None => Ok(0),
+        Some(r) => Err(UserError(format!(
+            "{} of {} files could not be compared; the first, {}: {}",
+            failed.len(),
+            k.rows.len(),
+            r.file,
+            r.error.as_deref().unwrap_or("")
+        ))),
+    }
+}
+
+fn short(file: &str) -> &str {
+    std::path::Path::new(file).file_name().and_then(|n| n.to_str()).unwrap_or(file)
+}
+
+/// The ranks as text: one row per file, the first OOM and the first spike, and (for up to 40
+/// iterations) each file's iteration peaks over the median.
+pub fn write_ranks(out: &mut dyn Write, k: &Ranks) -> io::Result<()> {
+    let t0 = k.rows.iter().filter_map(|r| r.start_us).min();
+    let at = |t: Option<i64>| match (t, t0) {
+        (Some(t), Some(t0)) => format!("+{:.3} s", (t - t0) as f64 / 1e6),
+        _ => String::new(),
+    };
+    let mut t = Table::new();
+    t.load_style(presets::UTF8_FULL_CONDENSED);
+    t.set_header([
+        "file",
+        "requests",
+        "peak allocated",
+        "peak reserved",
+        "OOMs (recorded)",
+        "first OOM",
+        "unallocated at peak reserved",
+        "iterations",
+        "peak in",
+        "max ÷ median",
+    ]);
+    for r in &k.rows {
+        if let Some(e) = &r.error {
+            t.add_row([short(&r.file).to_string(), format!("error: {e}")]);
+            continue;
+        }
+        let worst = r.vs_median.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1));
+        t.add_row([
+            short(&r.file).to_string(),
+            r.requests.to_string(),
+            fs(r.peak_allocated),
+            fs(r.peak_reserved),
+            format!("{} ({})", r.ooms, r.recorded_ooms),
+            r.first_oom.map_or(String::new(), |q| format!("request {q} {}", at(r.first_oom_us))),
+            format!("{} ({:.1}%)", fs(r.unallocated_at_peak), 100.0 * r.fragmentation_at_peak),
+            r.iteration_peaks.len().to_string(),
+            r.peak_iteration.map_or(String::new(), |i| i.to_string()),
+            worst.map_or(String::new(), |(i, v)| format!("{v:.2} (iteration {i})")),
+        ]);
+    }
+    writeln!(out, "{t}")?;
+    if let Some(o) = &k.first_oom {
+        let what = if o.recorded { "recorded running out of memory first (no replay does)" } else { "runs out of memory first" };
+        writeln!(
+            out,
+            "{} {what}{}{}",
+            short(&o.file),
+            o.request.map_or(String::new(), |q| format!(", at request {q}")),
+            match at(o.time_us) {
+                s if s.is_empty() => String::new(),
+                s => format!(", {s} after the earliest trace starts"),
+            }
+        )?;
+    }
+    match &k.first_spike {
+        Some(s) => writeln!(
+            out,
+            "{} spikes first: iteration {} peaks at {}, {:.2}× the median {} of that iteration",
+            short(&s.file),
+            s.iteration,
+            fs(s.peak_allocated),
+            s.ratio,
+            fs(s.median)
+        )?,
+        None => writeln!(out, "no file's iteration peak reaches {:.2}× the median of its iteration", k.spike_ratio)?,
+    }
+    let ok: Vec<_> = k.rows.iter().filter(|r| r.error.is_none()).collect();
+    let n = k.median_iteration_peaks.len();
+    if n > 1 && n <= 40 && !ok.is_empty() {
+        writeln!(out, "Iteration peaks ÷ the median of the files (* at or above {:.2}):", k.spike_ratio)?;
+        let mut t = Table::new();
+        t.load_style(presets::UTF8_FULL_CONDENSED);
+        let mut header = vec!["file".to_string()];
+        header.extend((0..n).map(|i| i.to_string()));
+        t.set_header(header);
+        let mut med = vec!["median".to_string()];
+        med.extend(k.median_iteration_peaks.iter().map(|&m| fs(m)));
+        t.add_row(med);
+        for r in ok {
+            let mut row = vec![short(&r.file).to_string()];
+            row.extend(r.vs_median.iter().map(|v| format!("{v:.2}{}", if *v >= k.spike_ratio { "*" } else { "" })));
+            t.add_row(row);
         }
         writeln!(out, "{t}")?;
     }
