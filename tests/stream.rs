@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use allocsim_commands::Answer;
 use allocsim_commands::file::{COMPACT_FIRST_ENTRIES, ReplayFile, replay_file};
 use allocsim_commands::replay::ReplayOptions;
-use allocsim_replay::devices::run_devices;
+use allocsim_replay::run::run_devices;
 use allocsim_replay::stream::{StreamInput, Streamed, replay_stream};
 use allocsim_replay::{ReplaySpec, ReplaySummary, Request};
 use allocsim_trace::jsonl_stream::JsonlFile;

@@ -54,7 +54,7 @@ pub fn replay(t: Trace<'_>, addresses_from: Option<&Snapshot>, o: &ReplayOptions
     let all = if o.device.is_some() {
         vec![allocsim_replay::run(t.snapshot, &spec)?.into_summary()]
     } else {
-        allocsim_replay::devices::run_devices(t.snapshot, &spec)?.into_iter().map(|r| r.into_summary()).collect()
+        allocsim_replay::run::run_devices(t.snapshot, &spec)?.into_iter().map(|r| r.into_summary()).collect()
     };
     Ok(ReplayAnswer::new(t.name, o.clone(), all).with_no_history(t.snapshot.no_history_note()))
 }
@@ -68,7 +68,7 @@ pub fn replay_owned(name: &str, mut snap: Snapshot, addresses_from: Option<&Snap
     }
     let no_history = snap.no_history_note();
     let spec = o.spec(addresses_from);
-    let all = allocsim_replay::devices::run_devices_owned(&mut snap, &spec)?.into_iter().map(|r| r.into_summary()).collect();
+    let all = allocsim_replay::run::run_devices_owned(&mut snap, &spec)?.into_iter().map(|r| r.into_summary()).collect();
     Ok(ReplayAnswer::new(name, o.clone(), all).with_no_history(no_history))
 }
 
@@ -107,7 +107,7 @@ impl Answer for ReplayAnswer {
     }
     fn to_json(&self) -> Value {
         // The device that matters at the top level, and why.
-        let choice = allocsim_replay::devices::choice_of_replays(&self.all).expect("at least one device is replayed");
+        let choice = allocsim_replay::run::choice_of_replays(&self.all).expect("at least one device is replayed");
         let top = self.all.iter().position(|r| r.device == choice.device).unwrap_or(0);
         let mut v = replay_json(self, &self.all[top], &self.all);
         v["device_choice"] = serde_json::to_value(&choice).expect("JSON");
@@ -138,7 +138,7 @@ fn initial_state_json(r: &ReplaySummary) -> Value {
 
 /// One summary per device, in device order.
 fn devices_json(all: &[ReplaySummary]) -> Value {
-    let rank = allocsim_replay::devices::worst_first(all);
+    let rank = allocsim_replay::run::worst_first(all);
     Value::from(
         all.iter()
             .enumerate()
@@ -237,7 +237,7 @@ fn write_replay_text(out: &mut dyn Write, args: &ReplayAnswer, all: &[ReplaySumm
     if let Some(note) = &args.no_history {
         writeln!(out, "note: {note}")?;
     }
-    for &i in &allocsim_replay::devices::worst_first(all) {
+    for &i in &allocsim_replay::run::worst_first(all) {
         write_device_text(out, args, &all[i])?;
     }
     Ok(())
@@ -453,7 +453,7 @@ pub fn validate(t: Trace<'_>, o: &ValidateOptions) -> Result<ValidateAnswer, Err
     }
     let runs = match o.device {
         Some(_) => vec![allocsim_replay::run(t.snapshot, &spec)?],
-        None => allocsim_replay::devices::run_devices(t.snapshot, &spec)?,
+        None => allocsim_replay::run::run_devices(t.snapshot, &spec)?,
     };
     // The device that matters first (most OOMs, then highest peak reserved), as `replay` lists them.
     let mut order: Vec<usize> = (0..runs.len()).collect();

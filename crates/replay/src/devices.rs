@@ -1,13 +1,12 @@
-//! Snapshots of several GPUs: each device's trace is replayed on its own model (allocators are per
-//! device in PyTorch; nothing is shared), and the devices are ranked worst first.
+//! Snapshots of several GPUs: the devices a snapshot names and the one a command answers for
+//! (each device's trace is replayed on its own model, as allocators are per device in PyTorch:
+//! `crate::run::run_devices`).
 
 use std::collections::BTreeSet;
 
+use crate::error::RunError;
 use allocsim_model::format::format_size;
 use allocsim_trace::{Action, Snapshot, SnapshotSegment};
-use rayon::prelude::*;
-
-use crate::run::{ReplaySpec, ReplaySummary, Replayed, RunError, run};
 
 /// The devices a snapshot names, in order: every index of `device_traces` and every final
 /// segment's device. A set of the indices seen, never anything indexed by device: a device index
@@ -28,61 +27,6 @@ fn device_count(named: &BTreeSet<usize>) -> usize {
 /// The devices whose trace has entries, in device order.
 pub fn devices_with_entries(snap: &Snapshot) -> Vec<usize> {
     (0..snap.device_traces.len()).filter(|&d| !snap.device_traces[d].is_empty()).collect()
-}
-
-/// Replays every device with entries (`spec.device` is ignored), in parallel; results in device
-/// order. A snapshot without entries replays the device with its segments ([`choose_device`]), as
-/// [`run`] does.
-pub fn run_devices(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Vec<Replayed>, RunError> {
-    let mut devices = devices_with_entries(snap);
-    if devices.is_empty() {
-        devices.push(choose_device(snap)?.device);
-    }
-    // On rayon's pool (one thread a core), however many devices the snapshot has.
-    let results: Vec<Result<Replayed, RunError>> = devices
-        .par_iter()
-        .map(|&d| {
-            let spec = ReplaySpec { device: Some(d), ..spec.clone() };
-            run(snap, &spec)
-        })
-        .collect();
-    results.into_iter().collect()
-}
-
-/// [`run_devices`] of a snapshot the caller owns and no longer needs whole: each replayed
-/// device's trace is moved out of `snap` (left empty there) rather than copied
-/// ([`crate::run::run_owned`]). The same answers.
-pub fn run_devices_owned(snap: &mut Snapshot, spec: &ReplaySpec<'_>) -> Result<Vec<Replayed>, RunError> {
-    let mut devices = devices_with_entries(snap);
-    if devices.is_empty() {
-        devices.push(choose_device(snap)?.device);
-    }
-    // Chosen (each as `run` would: given) on the snapshot whole, then the traces taken out.
-    let mut given = Vec::with_capacity(devices.len());
-    for &d in &devices {
-        let choice = device_for(snap, Some(d))?;
-        let trace = snap.device_traces.get_mut(d).map(std::mem::take).unwrap_or_default();
-        given.push((choice, trace));
-    }
-    let snap: &Snapshot = snap;
-    let results: Vec<Result<Replayed, RunError>> = given
-        .into_par_iter()
-        .map(|(choice, trace)| {
-            let spec = ReplaySpec { device: Some(choice.device), ..spec.clone() };
-            crate::run::run_given(snap, &spec, choice, trace)
-        })
-        .collect();
-    results.into_iter().collect()
-}
-
-/// Indices into `replays`, worst first: most OOMs, then highest peak reserved, then device order.
-pub fn worst_first(replays: &[ReplaySummary]) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..replays.len()).collect();
-    order.sort_by_key(|&i| {
-        let o = &replays[i].outcome;
-        (std::cmp::Reverse(o.ooms.len()), std::cmp::Reverse(o.peak_reserved), replays[i].device)
-    });
-    order
 }
 
 /// What one device's trace shows, for choosing the device that matters.
@@ -235,29 +179,4 @@ pub fn device_with_most_segments(segments: &[SnapshotSegment]) -> Option<usize> 
         *by.entry(s.device.max(0) as usize).or_default() += s.total_size;
     }
     by.into_iter().max_by_key(|&(d, b)| (b, std::cmp::Reverse(d))).map(|(d, _)| d)
-}
-
-/// The device that matters among replays of several devices (see [`worst_first`]): the same rule
-/// as [`choose_device`], on what the replays did.
-pub fn choice_of_replays(replays: &[ReplaySummary]) -> Option<DeviceChoice> {
-    let order = worst_first(replays);
-    let best = &replays[*order.first()?];
-    let candidates: Vec<DeviceFacts> = replays
-        .iter()
-        .map(|r| DeviceFacts {
-            device: r.device,
-            entries: r.requests,
-            ooms: r.outcome.ooms.len(),
-            peak_reserved: r.outcome.peak_reserved,
-            reserved_at_end: r.outcome.stats.reserved_bytes.all().current as u64,
-        })
-        .collect();
-    let reason = if replays.len() == 1 {
-        DeviceReason::Only
-    } else if best.outcome.ooms.is_empty() {
-        DeviceReason::HighestPeak
-    } else {
-        DeviceReason::RanOutOfMemory
-    };
-    Some(DeviceChoice { device: best.device, reason, candidates })
 }

@@ -5,6 +5,7 @@
 pub mod budget;
 pub mod check;
 pub mod devices;
+pub mod error;
 pub mod live;
 pub mod oom;
 pub mod pools;

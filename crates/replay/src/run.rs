@@ -10,10 +10,12 @@ use allocsim_model::constants::ROUNDUP_INTERVALS;
 use allocsim_trace::{Annotation, EntryMeta, Frame, RecordedSettings, Snapshot, SnapshotSegment, TraceEntry};
 
 use crate::budget::{Budget, DeviceMemory};
+use crate::devices::{DeviceChoice, DeviceFacts, DeviceReason};
 use crate::program::{Program, Request};
 use crate::replay::{EmptyCacheCalls, OutsideMemory, ReplayOptions, ReplayOutcome, plausible_placements_from, recorded_placement_from, replay};
 use crate::restore::InitialState;
 use crate::version::TorchVersion;
+use rayon::prelude::*;
 
 /// What to replay, and how.
 #[derive(Clone, Debug, Default)]
@@ -67,26 +69,7 @@ impl ReplaySpec<'_> {
     }
 }
 
-/// The most placements a replay runs under (`ReplaySpec::placements`, `--placements`).
-pub const MAX_PLACEMENTS: usize = 64;
-
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error("--placements {0}: out of range (1 to {MAX_PLACEMENTS})")]
-    Placements(usize),
-    #[error("the snapshot has no device {0} ({1} device traces)")]
-    NoDevice(usize, usize),
-    #[error("the snapshot's recorded PYTORCH_CUDA_ALLOC_CONF {conf:?} is not valid for PyTorch 2.11: {err}")]
-    RecordedConfig { conf: String, err: allocsim_model::ConfigError },
-    #[error("--config {conf:?}: {err}")]
-    Config { conf: String, err: allocsim_model::ConfigError },
-    #[error("the snapshot's recorded PYTORCH_CUDA_ALLOC_CONF {conf:?} is not valid for PyTorch {version}: {err}")]
-    RecordedConfigFor { conf: String, err: allocsim_model::ConfigError, version: TorchVersion },
-    #[error("--config {conf:?} (PyTorch {version}): {err}")]
-    ConfigFor { conf: String, err: allocsim_model::ConfigError, version: TorchVersion },
-    #[error("{0}")]
-    Trace(#[from] crate::check::TraceCheckError),
-}
+pub use crate::error::{MAX_PLACEMENTS, RunError};
 
 /// Everything one replay computes.
 #[derive(Clone, Debug)]
@@ -587,7 +570,7 @@ pub fn run(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Replayed, RunError>
 
 /// [`run`] with the device chosen (as [`crate::devices::device_for`] chose it on the snapshot
 /// whole) and its trace given, moved out of the snapshot rather than copied
-/// ([`crate::devices::run_devices_owned`]).
+/// ([`run_devices_owned`]).
 pub fn run_given(snap: &Snapshot, spec: &ReplaySpec<'_>, choice: crate::devices::DeviceChoice, trace: Vec<TraceEntry>) -> Result<Replayed, RunError> {
     run_with(snap, spec, Some((choice, trace)))
 }
@@ -642,4 +625,84 @@ fn run_with(snap: &Snapshot, spec: &ReplaySpec<'_>, given: Option<(crate::device
     let outcome = outcome.unwrap_or(own_outcome);
     let rules = spec.rules(&snap.settings);
     Ok(Replayed { device, choice, program, options, outcome, placements, trace, segments, own_settings, budget, budget_ends, rules })
+}
+
+/// Replays every device with entries (`spec.device` is ignored), in parallel; results in device
+/// order. A snapshot without entries replays the device with its segments ([`crate::devices::choose_device`]), as
+/// [`run`] does.
+pub fn run_devices(snap: &Snapshot, spec: &ReplaySpec<'_>) -> Result<Vec<Replayed>, RunError> {
+    let mut devices = crate::devices::devices_with_entries(snap);
+    if devices.is_empty() {
+        devices.push(crate::devices::choose_device(snap)?.device);
+    }
+    // On rayon's pool (one thread a core), however many devices the snapshot has.
+    let results: Vec<Result<Replayed, RunError>> = devices
+        .par_iter()
+        .map(|&d| {
+            let spec = ReplaySpec { device: Some(d), ..spec.clone() };
+            run(snap, &spec)
+        })
+        .collect();
+    results.into_iter().collect()
+}
+
+/// [`run_devices`] of a snapshot the caller owns and no longer needs whole: each replayed
+/// device's trace is moved out of `snap` (left empty there) rather than copied
+/// ([`run_owned`]). The same answers.
+pub fn run_devices_owned(snap: &mut Snapshot, spec: &ReplaySpec<'_>) -> Result<Vec<Replayed>, RunError> {
+    let mut devices = crate::devices::devices_with_entries(snap);
+    if devices.is_empty() {
+        devices.push(crate::devices::choose_device(snap)?.device);
+    }
+    // Chosen (each as `run` would: given) on the snapshot whole, then the traces taken out.
+    let mut given = Vec::with_capacity(devices.len());
+    for &d in &devices {
+        let choice = crate::devices::device_for(snap, Some(d))?;
+        let trace = snap.device_traces.get_mut(d).map(std::mem::take).unwrap_or_default();
+        given.push((choice, trace));
+    }
+    let snap: &Snapshot = snap;
+    let results: Vec<Result<Replayed, RunError>> = given
+        .into_par_iter()
+        .map(|(choice, trace)| {
+            let spec = ReplaySpec { device: Some(choice.device), ..spec.clone() };
+            run_given(snap, &spec, choice, trace)
+        })
+        .collect();
+    results.into_iter().collect()
+}
+
+/// Indices into `replays`, worst first: most OOMs, then highest peak reserved, then device order.
+pub fn worst_first(replays: &[ReplaySummary]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..replays.len()).collect();
+    order.sort_by_key(|&i| {
+        let o = &replays[i].outcome;
+        (std::cmp::Reverse(o.ooms.len()), std::cmp::Reverse(o.peak_reserved), replays[i].device)
+    });
+    order
+}
+
+/// The device that matters among replays of several devices (see [`worst_first`]): the same rule
+/// as [`crate::devices::choose_device`], on what the replays did.
+pub fn choice_of_replays(replays: &[ReplaySummary]) -> Option<DeviceChoice> {
+    let order = worst_first(replays);
+    let best = &replays[*order.first()?];
+    let candidates: Vec<DeviceFacts> = replays
+        .iter()
+        .map(|r| DeviceFacts {
+            device: r.device,
+            entries: r.requests,
+            ooms: r.outcome.ooms.len(),
+            peak_reserved: r.outcome.peak_reserved,
+            reserved_at_end: r.outcome.stats.reserved_bytes.all().current as u64,
+        })
+        .collect();
+    let reason = if replays.len() == 1 {
+        DeviceReason::Only
+    } else if best.outcome.ooms.is_empty() {
+        DeviceReason::HighestPeak
+    } else {
+        DeviceReason::RanOutOfMemory
+    };
+    Some(DeviceChoice { device: best.device, reason, candidates })
 }

@@ -71,7 +71,7 @@ pub struct StreamInput<'a> {
 /// The outcome of [`replay_stream`].
 #[derive(Debug)]
 pub enum Streamed {
-    /// One summary per device replayed, in device order (as [`crate::devices::run_devices`], or
+    /// One summary per device replayed, in device order (as [`crate::run::run_devices`], or
     /// [`crate::run::run`] for one device).
     Done(Vec<ReplaySummary>),
     /// One pass cannot give the in-memory answer, for this reason: replay in memory.

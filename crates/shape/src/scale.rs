@@ -44,9 +44,9 @@ pub struct Budget {
 /// Candidates [`largest`] replays at most (past that, a larger step is needed).
 pub const MAX_CANDIDATES: u64 = 4096;
 
-/// The largest shape value taken (2^40: a trillion tokens, pixels or samples): also the limit of
-/// [`largest`]'s doubling, so that no arithmetic on values overflows.
-pub const MAX_VALUE: u64 = 1 << 40;
+/// The largest shape value taken ([`crate::steps::MAX_VALUE`]): also the limit of [`largest`]'s
+/// doubling, so that no arithmetic on values overflows.
+pub use crate::steps::MAX_VALUE;
 
 /// The steps of one trace, as used.
 #[derive(Clone, Debug, Serialize)]

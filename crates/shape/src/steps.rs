@@ -13,6 +13,10 @@ use crate::ScaleError;
 use crate::fit::{SizeFit, distinct_points};
 use crate::pattern::{self, Ref, SlotKey, TOp, TemplateError};
 
+/// The largest shape value taken (2^40: a trillion tokens, pixels or samples), in a region's
+/// name or given: past it a value is refused, so that no arithmetic on values overflows.
+pub const MAX_VALUE: u64 = 1 << 40;
+
 /// One trace to learn from, and the value of each of its iterations when they are given rather
 /// than annotated.
 #[derive(Clone, Copy)]
@@ -214,7 +218,7 @@ pub fn find_steps(input: &Input<'_>, trace: usize, param: &str, by: Option<&str>
                         input.name, r.name
                     ))
                 })?;
-                if value == 0 || value > crate::scale::MAX_VALUE {
+                if value == 0 || value > MAX_VALUE {
                     return Err(ScaleError::Usage(format!("{}: the region {:?} gives {param} as {value}: shape values are 1 to 2^40", input.name, r.name)));
                 }
                 // A region inside another of the same parameter is part of that step.
@@ -267,7 +271,7 @@ pub fn find_steps(input: &Input<'_>, trace: usize, param: &str, by: Option<&str>
                     iterations_in_words(&layout)
                 )));
             }
-            if let Some(v) = values.iter().flatten().find(|&&v| v == 0 || v > crate::scale::MAX_VALUE) {
+            if let Some(v) = values.iter().flatten().find(|&&v| v == 0 || v > MAX_VALUE) {
                 return Err(ScaleError::Usage(format!("{}: --values {v}: shape values are 1 to 2^40", input.name)));
             }
             for it in &layout.iterations {
