@@ -156,3 +156,98 @@ fn an_error_quoting_the_files_own_text_stays_one_line() {
         user_error(&[cmd, &f], &["not a memory snapshot", "bad\\nkey"]);
     }
 }
+
+/// How a command may end on any input: an answer (exit 0, 1 for `validate`'s "NOT exact", 3 for
+/// nothing to validate) or exactly one `allocsim: error:` line with exit 2; never a panic, an
+/// abort or a hang (60 s).
+fn ends_cleanly(args: &[String]) -> Result<(), String> {
+    use std::process::{Command, Stdio};
+    let mut child =
+        Command::new(BIN).args(args).current_dir(ROOT).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().map_err(|e| format!("{args:?}: {e}"))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            return Err(format!("{args:?}: still running after 60 s"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).ok();
+    let errors = err.lines().filter(|l| l.starts_with("allocsim: error:")).count();
+    match status.code() {
+        _ if err.contains("panicked") => Err(format!("{args:?}: panic: {err}")),
+        Some(0 | 1 | 3) => Ok(()),
+        Some(2) if errors == 1 && err.lines().count() == 1 => Ok(()),
+        c => Err(format!("{args:?}: exit {c:?}, stderr {err:?}")),
+    }
+}
+
+/// A deterministic corpus of 300 damaged inputs, from the consistent fixture as a pickle and as
+/// JSON Lines: 60 truncations, 60 single-byte changes and 30 overwritten runs of each, every one
+/// run through every command (3,300 runs).
+#[test]
+fn a_corpus_of_300_damaged_inputs_ends_cleanly_in_every_command() {
+    let pickle = std::fs::read(root(&fixture("base.pickle"))).unwrap();
+    let jsonl_file = TempFile::new("hostile-base.jsonl");
+    success(&["convert", &fixture("base.pickle"), "-o", jsonl_file.arg()]);
+    let jsonl = std::fs::read(&jsonl_file.0).unwrap();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut corpus: Vec<(String, Vec<u8>)> = Vec::new();
+    for (kind, src) in [("pickle", &pickle), ("jsonl", &jsonl)] {
+        let n = src.len();
+        for i in 0..60 {
+            corpus.push((format!("{kind}: the first {} bytes", i * n / 60), src[..i * n / 60].to_vec()));
+        }
+        for _ in 0..60 {
+            let (at, b) = ((next() % n as u64) as usize, next() as u8);
+            let mut m = src.clone();
+            m[at] = b;
+            corpus.push((format!("{kind}: byte {at} set to {b}"), m));
+        }
+        for _ in 0..30 {
+            let at = (next() % n as u64) as usize;
+            let len = 1 + (next() % 32) as usize;
+            let mut m = src.clone();
+            for x in m.iter_mut().skip(at).take(len) {
+                *x = next() as u8;
+            }
+            corpus.push((format!("{kind}: {len} bytes from {at} overwritten"), m));
+        }
+    }
+    assert_eq!(corpus.len(), 300);
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let chunks: Vec<_> = corpus.chunks(75).enumerate().collect();
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|(c, chunk)| {
+                s.spawn(move || {
+                    let mut bad = Vec::new();
+                    for (i, (what, bytes)) in chunk.iter().enumerate() {
+                        let ext = if what.starts_with("jsonl") { "jsonl" } else { "pickle" };
+                        let input = TempFile::new(&format!("corpus-{c}-{i}.{ext}"));
+                        std::fs::write(&input.0, bytes).unwrap();
+                        let out = TempFile::new(&format!("corpus-{c}-{i}.out"));
+                        for args in every_command(input.arg(), &out) {
+                            if let Err(e) = ends_cleanly(&args) {
+                                bad.push(format!("{what}: {e}"));
+                            }
+                        }
+                    }
+                    bad
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    assert!(failures.is_empty(), "{} of 3300 runs did not end cleanly:\n{}", failures.len(), failures.join("\n"));
+}
