@@ -35,23 +35,20 @@ fn u(v: &Value, what: &str) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("{what}: not a number: {v}"))
 }
 
-/// [replay, validate, explain] device memory.
-fn device_memory(f: &str) -> [u64; 3] {
-    [
-        u(&json(&["replay", "--json", f])["budget"]["device_memory"], "replay"),
-        u(&json(&["validate", "--json", f])["budget"]["device_memory"], "validate"),
-        u(&json(&["explain", "--at", "peak", "--json", f])["budget"]["device_memory"], "explain"),
-    ]
-}
-
-/// ([replay, compare, ranks, explain] peak reserved, [ranks, explain] unallocated at it).
-fn figures(f: &str) -> ([u64; 4], [u64; 2]) {
+/// ([replay, compare, ranks, explain] peak reserved, [ranks, explain] unallocated at it,
+/// [replay, validate, explain] device memory), each command run once.
+fn figures(f: &str) -> ([u64; 4], [u64; 2], [u64; 3]) {
     let replay = json(&["replay", "--json", f]);
     let compare = json(&["compare", "--json", f, f]);
     let ranks = json(&["compare", "--ranks", "--json", f]);
     let explain = json(&["explain", "--at", "peak", "--json", f]);
     let row = &ranks["rows"][0];
-    let dm = device_memory(f);
+    let validate = json(&["validate", "--json", f]);
+    let dm = [
+        u(&replay["budget"]["device_memory"], "replay"),
+        u(&validate["budget"]["device_memory"], "validate"),
+        u(&explain["budget"]["device_memory"], "explain"),
+    ];
     assert!(dm.iter().all(|&d| d == dm[0]), "{f}: device memory (replay, validate, explain) {dm:?}");
     let free = &explain["free"];
     let peaks = [
@@ -61,7 +58,7 @@ fn figures(f: &str) -> ([u64; 4], [u64; 2]) {
         u(&free["reserved"], "explain --at peak"),
     ];
     let unallocated = [u(&row["unallocated_at_peak"], "compare --ranks"), u(&free["reserved"], "explain").saturating_sub(u(&free["allocated"], "explain"))];
-    (peaks, unallocated)
+    (peaks, unallocated, dm)
 }
 
 #[test]
@@ -78,7 +75,7 @@ fn replay_compare_and_explain_give_one_peak() {
                 s.spawn(move || {
                     c.iter()
                         .map(|f| {
-                            let (p, u) = figures(f);
+                            let (p, u, _) = figures(f);
                             (f.clone(), p, u)
                         })
                         .collect::<Vec<_>>()
@@ -130,8 +127,7 @@ fn every_command_answers_for_the_card_the_ooms_show() {
     assert_eq!(ooms, 9, "devfull_frag__default records 9 OOMs");
     std::fs::write(&big, out).unwrap();
     let f = big.to_str().unwrap();
-    let dm = device_memory(f);
-    let (peaks, unallocated) = figures(f);
+    let (peaks, unallocated, dm) = figures(f);
     std::fs::remove_dir_all(&dir).ok();
     // An H200 has 150109880320 bytes; reserved + free at the OOMs is 162.15 GiB.
     assert_eq!(dm, [174107197440; 3], "device memory (replay, validate, explain)");
