@@ -3,7 +3,7 @@
 # (torch 2.11, transformers): tools/record_scale.py's plan (lm, cnn, infer, one) under the default
 # settings and expandable_segments:True, and its search for the largest sequence length under a
 # 12 GiB set_per_process_memory_fraction cap, in three concurrent streams (each recording is a fresh
-# process; the search's runs are capped, the others use a fraction of an 80 GB card). Everything it
+# process; the search runs three values at a time from 768, the first past its prefix, each capped).
 # writes is packed into OUT (default $OUT) as rec.tar split in 15 MiB parts, with each stream's log.
 #     bash tools/gpu_scale_session.sh [OUT]
 set -u
@@ -18,7 +18,7 @@ timeout 120 python3 tools/record_scale.py run lm_seq "$rec/smoke" --prefix 128,2
 budget=${BUDGET_S:-480}
 ( timeout "$budget" python3 tools/record_scale.py plan "$rec/lm" --group lm ) > "$rec/lm.log" 2>&1 &
 ( for g in cnn infer one; do timeout "$budget" python3 tools/record_scale.py plan "$rec/$g" --group "$g"; done ) > "$rec/cnn_infer_one.log" 2>&1 &
-( timeout "$budget" python3 tools/record_scale.py search "$rec/search" --workload lm_seq --cap-mib 12288 --step 128 --max 8192 ) > "$rec/search.log" 2>&1 &
+( timeout "$budget" python3 tools/record_scale.py search "$rec/search" --workload lm_seq --cap-mib 12288 --step 128 --start 768 --jobs 3 --max 8192 ) > "$rec/search.log" 2>&1 &
 wait
 cp "$rec"/*.log "$out/" 2>/dev/null
 tar -C "$rec" -cf /tmp/rec.tar .

@@ -307,8 +307,8 @@ def search_main(args):
     tried = []
     largest = None
     oom_run = 0
-    v = args.step
-    while v <= args.max and oom_run < 4:
+
+    def one(v):
         argv = ["run", args.workload, os.path.join(args.out_dir, f"{stem}__at{v}"), "--prefix", prefix, "--big", str(v),
                 "--cap-mib", str(args.cap_mib), "--no-snapshot"]
         if args.conf:
@@ -321,15 +321,28 @@ def search_main(args):
                 meta = json.load(f)
         big_oom = bool(meta) and any(x["step"] == meta["extra"]["big_index"] for x in meta["log"])
         prefix_oom = bool(meta) and any(x["step"] != meta["extra"]["big_index"] for x in meta["log"])
-        tried.append({"value": v, "oom": big_oom, "prefix_oom": prefix_oom, "error": (meta or {}).get("error"),
-                      "peak_allocated": meta["extra"]["step_peaks"][-1] if meta else None,
-                      "peak_reserved": meta["extra"]["step_peaks_reserved"][-1] if meta else None, "run": r})
-        if meta and not big_oom:
-            largest = v
-            oom_run = 0
-        elif big_oom:
-            oom_run += 1
-        v += args.step
+        return {"value": v, "oom": big_oom, "prefix_oom": prefix_oom, "error": (meta or {}).get("error"),
+                "peak_allocated": meta["extra"]["step_peaks"][-1] if meta else None,
+                "peak_reserved": meta["extra"]["step_peaks_reserved"][-1] if meta else None, "run": r}
+
+    # `--jobs` values at a time, each its own process under the cap (the cap is per process, so runs
+    # side by side do not squeeze each other on a card with room for all of them); the search stops
+    # after the wave in which four values in a row have run out of memory.
+    import concurrent.futures as cf
+    v = args.start or args.step
+    with cf.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        while v <= args.max and oom_run < 4:
+            wave = [v + k * args.step for k in range(args.jobs) if v + k * args.step <= args.max]
+            v = wave[-1] + args.step
+            for t in pool.map(one, wave):
+                tried.append(t)
+                if t["run"] is not None and not t["oom"] and not t["error"]:
+                    largest = t["value"]
+                    oom_run = 0
+                elif t["oom"]:
+                    oom_run += 1
+            with open(os.path.join(args.out_dir, stem + ".partial.json"), "w") as f:
+                json.dump({"largest_so_far": largest, "tried": tried}, f, indent=1)
     non_monotone = [t["value"] for t in tried if t["oom"] and largest is not None and t["value"] < largest]
     # The prefix alone under the cap, with its snapshot: what allocsim learns from.
     argv = ["run", args.workload, os.path.join(args.out_dir, f"{stem}__prefix"), "--prefix", prefix, "--big", "none",
@@ -367,6 +380,8 @@ def main():
     s.add_argument("--cap-mib", type=int, default=12288)
     s.add_argument("--step", type=int, default=128)
     s.add_argument("--max", type=int, default=8192)
+    s.add_argument("--start", type=int, help="the first value tried (default: the step)")
+    s.add_argument("--jobs", type=int, default=1, help="values run side by side, each in its own process")
     s.add_argument("--prefix")
     s.add_argument("--conf", default="")
     s.add_argument("--dry-run", action="store_true")
