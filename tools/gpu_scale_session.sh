@@ -4,7 +4,7 @@
 # settings and expandable_segments:True, and its search for the largest sequence length under a
 # 12 GiB set_per_process_memory_fraction cap, in three concurrent streams (each recording is a fresh
 # process; the search runs three values at a time from 768, the first past its prefix, each capped).
-# writes is packed into OUT (default $OUT) as rec.tar split in 15 MiB parts, with each stream's log.
+# Everything it writes is packed into OUT (default $OUT) as rec.tar split in 15 MiB parts, with each stream's log.
 #     bash tools/gpu_scale_session.sh [OUT]
 set -u
 out="${1:-$OUT}"
