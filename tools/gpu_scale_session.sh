@@ -5,11 +5,13 @@
 # 12 GiB set_per_process_memory_fraction cap, in three concurrent streams (each recording is a fresh
 # process; the search runs three values at a time from 768, the first past its prefix, each capped).
 # Everything it writes is packed into OUT (default $OUT) as rec.tar split in 15 MiB parts, with each stream's log.
-#     bash tools/gpu_scale_session.sh [OUT]
+# FAMILY=WORKLOAD first records tools/record_family.sh's what-if family of that workload in the
+# search's stream, before the search.
+#     [FAMILY=ckpt] bash tools/gpu_scale_session.sh [OUT]
 set -u
 out="${1:-$OUT}"
 rec=/tmp/rec
-rm -rf "$rec"; mkdir -p "$rec"/{lm,cnn,infer,one,search}
+rm -rf "$rec"; mkdir -p "$rec"/{lm,cnn,infer,one,search,family}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/device.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$out/device.txt"
@@ -18,7 +20,7 @@ timeout 120 python3 tools/record_scale.py run lm_seq "$rec/smoke" --prefix 128,2
 budget=${BUDGET_S:-480}
 ( timeout "$budget" python3 tools/record_scale.py plan "$rec/lm" --group lm ) > "$rec/lm.log" 2>&1 &
 ( for g in cnn infer one; do timeout "$budget" python3 tools/record_scale.py plan "$rec/$g" --group "$g"; done ) > "$rec/cnn_infer_one.log" 2>&1 &
-( timeout "$budget" python3 tools/record_scale.py search "$rec/search" --workload lm_seq --cap-mib 12288 --step 128 --start 768 --jobs 3 --max 8192 ) > "$rec/search.log" 2>&1 &
+( [ -z "${FAMILY:-}" ] || { timeout 200 bash tools/record_family.sh "$FAMILY" "$rec/family"; }; timeout "$budget" python3 tools/record_scale.py search "$rec/search" --workload lm_seq --cap-mib 12288 --step 128 --start 768 --jobs 3 --max 8192 ) > "$rec/search.log" 2>&1 &
 wait
 cp "$rec"/*.log "$out/" 2>/dev/null
 tar -C "$rec" -cf /tmp/rec.tar .

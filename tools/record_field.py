@@ -699,6 +699,51 @@ def w_mempool_random(ctx):
     torch.cuda.empty_cache()
 
 
+def w_ckpt(ctx):
+    """Activation checkpointing (each layer recomputed in backward, torch.utils.checkpoint with
+    use_reentrant=False) and fused AdamW: the LM of `train` at batch 16, sequence lengths that grow
+    in a fixed order until the first OOM, which ends the job. The same requests in the same order up
+    to the first OOM under every setting, so capped runs of it are what-if ground truth
+    (tools/record_family.sh)."""
+    torch = ctx.torch
+    from torch.utils.checkpoint import checkpoint
+
+    model = lm(torch)
+    layers = list(model.enc.layers)
+
+    def forward(x):
+        h = model.emb(x)
+        for layer in layers:
+            h = checkpoint(layer, h, use_reentrant=False)
+        if model.enc.norm is not None:
+            h = model.enc.norm(h)
+        return model.head(h)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    ctx.step = 0
+    seqs = [256, 512, 384, 1024, 768, 2048, 1536, 3072, 4096, 6144, 8192]
+    reserved = []  # memory_reserved() after each step (peaks are not reset: memory_stats() is compared whole)
+    try:
+        for seq in seqs:
+            x = torch.randint(0, 16000, (16, seq), device="cuda")
+            with ctx.in_region("forward"), torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = forward(x)
+                loss = torch.nn.functional.cross_entropy(logits.float().view(-1, 16000), x.view(-1))
+            del logits
+            with ctx.in_region("backward"):
+                loss.backward()
+            del loss
+            with ctx.in_region("optimizer"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            reserved.append(torch.cuda.memory_reserved())
+            ctx.step += 1
+    except torch.OutOfMemoryError as e:
+        ctx.oom(e, seq=seq)
+    ctx.extra["seqs"] = seqs
+    ctx.extra["reserved_after_step"] = reserved
+
+
 def w_kvcache(ctx):
     """LLM serving (the shape of `allocsim synth --workload kvcache`, on real kernels): a bf16 decoder of 8
     layers (d=2048, 16 heads) with a K/V cache per request and layer, grown by re-allocation every 16 tokens
@@ -812,6 +857,7 @@ WORKLOADS = {
     "mempool_serving2": w_mempool_serving2,
     "mempool_random": w_mempool_random,
     "kvcache": w_kvcache,
+    "ckpt": w_ckpt,
 }
 
 
