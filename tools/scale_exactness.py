@@ -137,6 +137,8 @@ def recordings_main(a: argparse.Namespace) -> int:
     n = exact_a = exact_r = 0
     worst = 0.0
     for path in sorted(glob.glob(os.path.join(a.recordings, "*.json"))):
+        if path.endswith(("plan.json", ".partial.json")):  # the plan's list of runs, a search's running tally
+            continue
         with open(path) as f:
             m = json.load(f)
         base = path[: -len(".json")]
