@@ -438,6 +438,22 @@ fn partition(mut lo: u64, mut hi: u64, pred: impl Fn(u64) -> bool) -> u64 {
 /// aligned to this (measured on an H200 with CUDA 13).
 const RESERVATION_ALIGN: u64 = 32 << 20;
 
+/// Whether a cluster of expandable-segment addresses starts at its reservation's base although the
+/// trace did not show that reservation being made (it was made before the history began): its
+/// lowest address, a final segment's or a page the trace unmaps, is aligned as the driver aligns
+/// reservation bases ([`RESERVATION_ALIGN`]). The allocator maps an expandable segment's pages from
+/// the reservation's start upwards (`ExpandableSegment::map`), and the snapshot starts a segment at
+/// each head block, so the lowest page a cluster shows is most often the base; a lower page unmapped
+/// earlier would make the spacing, and so the inferred total, too small by a multiple of the page,
+/// which the pairs' bounds then usually refuse (`lo > hi`: the H200 default). Motivated by PyTorch's
+/// own tests recorded on an H100 (`traces/field/test_cuda/`: `refused_settings__expandable`,
+/// `fraction_midrun__expandable`, `retries_devfull__expandable`): the test process's first
+/// reservation predates the history, the next one is recorded, and only their spacing tells the
+/// card's memory (85017493504 bytes, not an H200's).
+fn reservation_base_before_history(cluster: &[(u64, u64, Option<usize>, bool)]) -> bool {
+    cluster.first().is_some_and(|&(base, ..)| base % RESERVATION_ALIGN == 0)
+}
+
 /// The device's total memory as far as the trace shows it. `segments`: the snapshot's final
 /// segments of this device; `large_segment_size`: the large pool's expandable page size
 /// (`large_segment_size_mb`).
@@ -496,7 +512,7 @@ pub fn infer_device_memory(trace: &[TraceEntry], segments: &[SnapshotSegment], l
         let Some(&(base, ..)) = cluster.first() else { return };
         let small = cluster.iter().all(|t| t.1 < large_segment_size.min(K_LARGE_BUFFER) || t.1 % large_segment_size != 0);
         let first = cluster.iter().filter(|t| t.2.is_some()).min_by_key(|t| t.2);
-        let known = first.is_some_and(|f| f.3 && f.0 == base);
+        let known = first.is_some_and(|f| f.3 && f.0 == base) || reservation_base_before_history(cluster);
         bases.push((base, small, known));
         cluster.clear();
     };
