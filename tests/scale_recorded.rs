@@ -44,6 +44,7 @@ fn predict_big(name: &str) -> ([u64; 2], [u64; 2], u64, u64) {
 #[test]
 fn larger_steps_are_predicted_to_the_byte() {
     for (name, factor) in [
+        ("lm_seq__default__big1280", "seq 1280, 2x the largest of 128-640"),
         ("lm_seq__default__big2560", "seq 2560, 4x the largest of 128-640"),
         ("lm_batch__expandable__big64", "batch 64, 4x the largest of 2-16, expandable segments"),
         ("infer__default__big32", "inference batch 32, 4x the largest of 1-8"),
@@ -69,7 +70,10 @@ fn from_one_value_the_range_holds_the_reading() {
 fn largest_under_the_cap_equals_the_real_search() {
     let search = meta("search__lm_seq__default__cap12288");
     let real = search["largest"].as_u64().expect("the search found a largest value");
-    assert!(search["tried"].as_array().unwrap().iter().any(|t| t["value"].as_u64() == Some(real + 128) && t["oom"] == true), "the search saw the next value fail");
+    assert!(
+        search["tried"].as_array().unwrap().iter().any(|t| t["value"].as_u64() == Some(real + 128) && t["oom"] == true),
+        "the search saw the next value fail"
+    );
     let cap = meta("search__lm_seq__default__cap12288__prefix")["cap_bytes"].as_u64().unwrap().to_string();
     let got = json(&["scale", &trace("search__lm_seq__default__cap12288__prefix"), "--param", "seq", "--largest-under", &cap, "--step", "128", "--json"]);
     assert_eq!(got["largest"][0]["value"].as_u64(), Some(real), "{}", got["largest"]);
