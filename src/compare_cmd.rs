@@ -222,32 +222,46 @@ pub fn as_ranks(a: &CompareArgs) -> Result<Option<Vec<PathBuf>>, UserError> {
     Ok(Some(expand_paths(&a.files).map_err(UserError)?))
 }
 
+/// The ranks question, its settings and spike ratio checked before any file is read (what
+/// `compare` over ranks and the Python package's `allocsim.fleet` both ask).
+pub fn rank_spec(
+    config: Option<String>,
+    capacity: Option<u64>,
+    device_memory: Option<u64>,
+    device: Option<usize>,
+    by: Option<String>,
+    spike: f64,
+) -> Result<RankSpec, allocsim_commands::Error> {
+    if let Some(c) = &config {
+        AllocatorConfig::parse(c).map_err(|e| allocsim_commands::Error::Config { message: format!("--config {c:?}: {e}"), pytorch: e.to_string() })?;
+    }
+    if spike.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater) {
+        return Err(allocsim_commands::Error::Usage(format!("--spike {spike}: expected a ratio above 1 (e.g. 1.1)")));
+    }
+    Ok(RankSpec { config, capacity, device_memory, device, by, spike_ratio: spike })
+}
+
 pub fn cmd_ranks(a: &CompareArgs, files: &[PathBuf], io: &mut Io<'_>) -> Result<i32, UserError> {
-    if let Some(c) = &a.config {
-        allocsim_model::AllocatorConfig::parse(c).map_err(|e| UserError(format!("--config {c:?}: {e}")))?;
-    }
-    if a.spike.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater) {
-        return Err(UserError(format!("--spike {}: expected a ratio above 1 (e.g. 1.1)", a.spike)));
-    }
-    let spec =
-        RankSpec { config: a.config.clone(), capacity: a.capacity, device_memory: a.device_memory, device: a.device, by: a.by.clone(), spike_ratio: a.spike };
+    let spec = rank_spec(a.config.clone(), a.capacity, a.device_memory, a.device, a.by.clone(), a.spike)?;
     let k = compare_runs(files, &spec);
     if a.json {
         write_json(io.out, &k)?;
     } else {
         write_ranks(io.out, &k)?;
     }
-    let failed: Vec<_> = k.rows.iter().filter(|r| r.error.is_some()).collect();
-    match failed.first() {
+    match ranks_failure(&k) {
         None => Ok(0),
-        Some(r) => Err(UserError(format!(
-            "{} of {} files could not be compared; the first, {}: {}",
-            failed.len(),
-            k.rows.len(),
-            r.file,
-            r.error.as_deref().unwrap_or("")
-        ))),
+        Some(e) => Err(UserError(e)),
     }
+}
+
+/// The error a ranks comparison ends with when some files could not be compared (their rows hold
+/// why; the command prints the answer, then this line, and exits with status 2).
+pub fn ranks_failure(k: &Ranks) -> Option<String> {
+    let failed: Vec<_> = k.rows.iter().filter(|r| r.error.is_some()).collect();
+    failed
+        .first()
+        .map(|r| format!("{} of {} files could not be compared; the first, {}: {}", failed.len(), k.rows.len(), r.file, r.error.as_deref().unwrap_or("")))
 }
 
 fn short(file: &str) -> &str {

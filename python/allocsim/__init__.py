@@ -10,7 +10,8 @@ the dict ``torch.cuda.memory._snapshot()`` returns in the running process) and a
 
 Every answer's ``str()`` is the command line's text and ``to_dict()``/``to_json()`` its
 ``--json``. Decoding and replaying release the GIL. ``allocsim.torch`` records snapshots and
-explains OOMs inside a training process.
+explains OOMs inside a training process; ``allocsim.fleet.compare`` compares the ranks of a job
+(``allocsim compare DIR``) with each file read in a process of its own or a Ray task.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ._results import (
     FitResult,
     GraphsResult,
     PhasesResult,
+    RanksResult,
     ReplayResult,
     ScaleResult,
     SweepResult,
@@ -51,6 +53,8 @@ __all__ = [
     "GraphsResult",
     "PhasesResult",
     "ScaleResult",
+    "RanksResult",
+    "fleet",
 ]
 
 __version__ = _allocsim.VERSION
@@ -535,3 +539,6 @@ class Snapshot:
             _size(trace_capacity, "trace_capacity"),
         )
         return os.fspath(path)
+
+
+from . import fleet  # noqa: E402  (it uses the helpers above)

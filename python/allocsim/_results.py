@@ -192,3 +192,41 @@ class ScaleResult(Answer):
         fits)."""
         rows = self._data()["largest"]
         return rows[0]["value"] if rows else None
+
+
+class RanksResult(Answer):
+    """``allocsim compare DIR``: the ranks of one job side by side (``allocsim.fleet.compare``)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, text: str, json_text: str, exit_code: int = 0, error: Optional[str] = None):
+        super().__init__(text, json_text, exit_code)
+        #: When some files could not be compared, the line the command line ends with (after
+        #: ``allocsim: error: ``); their rows hold why. None when every file answered.
+        self.error = error
+
+    @property
+    def rows(self) -> List[Dict[str, Any]]:
+        """One per file, in the order of the files: peaks, OOMs, iteration peaks, or ``error``."""
+        return self._data()["rows"]
+
+    @property
+    def failed(self) -> List[Dict[str, Any]]:
+        """The rows of the files that could not be compared."""
+        return [r for r in self.rows if r.get("error") is not None]
+
+    @property
+    def first_oom(self) -> Optional[Dict[str, Any]]:
+        return self._data()["first_oom"]
+
+    @property
+    def first_spike(self) -> Optional[Dict[str, Any]]:
+        return self._data()["first_spike"]
+
+    @property
+    def largest_peak(self) -> Optional[str]:
+        return self._data()["largest_peak"]
+
+    @property
+    def median_iteration_peaks(self) -> List[int]:
+        return self._data()["median_iteration_peaks"]

@@ -372,6 +372,91 @@ fn scale(
     .map_err(py_err)
 }
 
+/// The files `allocsim compare` takes as ranks for these arguments (directories and globs
+/// expanded, each list sorted), named as the command line names them.
+#[pyfunction]
+fn rank_paths(args: Vec<PathBuf>) -> PyResult<Vec<String>> {
+    let paths = allocsim_phases::ranks::expand_paths(&args).map_err(PyValueError::new_err)?;
+    Ok(paths.iter().map(|p| p.display().to_string()).collect())
+}
+
+/// Checks a ranks question's settings and spike ratio as `allocsim compare` does before reading
+/// any file (`ConfigError`, `ValueError`).
+#[pyfunction]
+#[pyo3(signature = (config = None, spike = 1.1))]
+fn rank_check(config: Option<String>, spike: f64) -> PyResult<()> {
+    allocsim::compare_cmd::rank_spec(config, None, None, None, None, spike).map(|_| ()).map_err(py_err)
+}
+
+/// One file of a ranks comparison, read and replayed (`allocsim_phases::ranks::summarize_rank`):
+/// `source` is its path (str) or its bytes, `name` what its row calls it. Returns the summary as
+/// one line of JSON; a file that cannot be read or replayed gives a summary holding the error.
+#[pyfunction]
+#[pyo3(signature = (source, name, config = None, capacity = None, device_memory = None, device = None, by = None))]
+#[allow(clippy::too_many_arguments)]
+fn rank_summary(
+    py: Python<'_>,
+    source: &Bound<'_, PyAny>,
+    name: String,
+    config: Option<String>,
+    capacity: Option<u64>,
+    device_memory: Option<u64>,
+    device: Option<usize>,
+    by: Option<String>,
+) -> PyResult<String> {
+    use allocsim_phases::ranks::{RankSource, RankSpec, summarize_rank};
+    let spec = RankSpec { config, capacity, device_memory, device, by, spike_ratio: 1.1 };
+    if let Ok(b) = source.cast::<pyo3::types::PyBytes>() {
+        let data = b.as_bytes();
+        return Ok(py.detach(|| summarize_rank(RankSource::Bytes(data), &name, &spec).to_json()));
+    }
+    let path: PathBuf = source.extract().map_err(|_| pyo3::exceptions::PyTypeError::new_err("rank_summary: expected a path (str) or bytes"))?;
+    Ok(py.detach(|| summarize_rank(RankSource::Path(&path), &name, &spec).to_json()))
+}
+
+/// The ranks compared from their summaries (`allocsim_phases::ranks::reduce_ranks`), in the
+/// order given: each item a summary `rank_summary` returned, or `(name, error)` for a file whose
+/// summary could not be made. Returns `(text, json, exit status, error line)` as
+/// `allocsim compare` prints them (the JSON without its newline) (the error line, when some files failed, without the
+/// `allocsim: error: ` before it).
+#[pyfunction]
+#[pyo3(signature = (summaries, spike = 1.1))]
+fn rank_reduce(py: Python<'_>, summaries: Vec<Bound<'_, PyAny>>, spike: f64) -> PyResult<(String, String, i32, Option<String>)> {
+    use allocsim_phases::ranks::{RankSummary, reduce_ranks};
+    let spec = allocsim::compare_cmd::rank_spec(None, None, None, None, None, spike).map_err(py_err)?;
+    enum Item {
+        Json(String),
+        Failed(String, String),
+    }
+    let mut items = Vec::with_capacity(summaries.len());
+    for (i, s) in summaries.iter().enumerate() {
+        if let Ok(j) = s.extract::<String>() {
+            items.push(Item::Json(j));
+        } else if let Ok((f, e)) = s.extract::<(String, String)>() {
+            items.push(Item::Failed(f, e));
+        } else {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!("rank_reduce: item {i}: expected a summary (str) or (name, error)")));
+        }
+    }
+    py.detach(|| {
+        let mut parsed = Vec::with_capacity(items.len());
+        for (i, it) in items.into_iter().enumerate() {
+            parsed.push(match it {
+                Item::Json(j) => RankSummary::from_json(&j).map_err(|e| PyValueError::new_err(format!("rank_reduce: item {i}: {e}")))?,
+                Item::Failed(f, e) => RankSummary::failed(f, e),
+            });
+        }
+        let k = reduce_ranks(parsed, &spec);
+        let (mut text, mut json) = (Vec::new(), Vec::new());
+        allocsim::compare_cmd::write_ranks(&mut text, &k).map_err(|e| PyOSError::new_err(e.to_string()))?;
+        allocsim_commands::write_json(&mut json, &k).map_err(|e| PyOSError::new_err(e.to_string()))?;
+        json.pop(); // the newline, as every answer's JSON is kept
+        let failure = allocsim::compare_cmd::ranks_failure(&k);
+        let code = if failure.is_some() { 2 } else { 0 };
+        Ok((String::from_utf8(text).expect("UTF-8"), String::from_utf8(json).expect("UTF-8"), code, failure))
+    })
+}
+
 /// Bytes from `1073741824`, `24GiB`, `1.5 GiB`, `80GB` (what the command line accepts).
 #[pyfunction]
 fn parse_size(s: &str) -> PyResult<u64> {
@@ -392,6 +477,10 @@ fn _allocsim(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(replay_file, m)?)?;
     m.add_function(wrap_pyfunction!(scale, m)?)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_function(wrap_pyfunction!(rank_paths, m)?)?;
+    m.add_function(wrap_pyfunction!(rank_check, m)?)?;
+    m.add_function(wrap_pyfunction!(rank_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(rank_reduce, m)?)?;
     m.add("Error", m.py().get_type::<Error>())?;
     m.add("TraceError", m.py().get_type::<TraceError>())?;
     m.add("ConfigError", m.py().get_type::<ConfigError>())?;

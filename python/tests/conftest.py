@@ -57,3 +57,21 @@ def _at_root(monkeypatch):
     # Trace names in the answers are the paths as given: relative to the repository root, as the
     # command line is run in these tests.
     monkeypatch.chdir(ROOT)
+
+
+def required(what):
+    """Whether a missing optional dependency fails a test instead of skipping it: under
+    ALLOCSIM_REQUIRE_SHARED=1 (CI) or ALLOCSIM_REQUIRE_RAY=1 (.ci/run installs Ray and fsspec)."""
+    return any(os.environ.get(k) == "1" for k in ("ALLOCSIM_REQUIRE_SHARED", "ALLOCSIM_REQUIRE_RAY"))
+
+
+def need(module, what=None):
+    """`module` imported; without it the test (or `what`) skips with one line naming it, and fails
+    when required."""
+    try:
+        return __import__(module)
+    except ImportError:
+        test = what or os.environ.get("PYTEST_CURRENT_TEST", "this test").split(" ")[0]
+        if required(module):
+            pytest.fail(f"{test}: {module} is not installed (pip install {module}), and ALLOCSIM_REQUIRE_SHARED=1 or ALLOCSIM_REQUIRE_RAY=1 requires it")
+        pytest.skip(f"skipped {test}: {module} is not installed (pip install {module})")

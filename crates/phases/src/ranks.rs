@@ -11,6 +11,12 @@
 //!
 //! Times are the trace's `time_us` (microseconds since the epoch on each host's clock), so "first"
 //! across hosts is as good as their clocks agree.
+//!
+//! The work is a map and a reduce: [`summarize_rank`] reads and replays one file (a path or its
+//! bytes) into a [`RankSummary`], small and serialisable ([`RankSummary::to_json`]: its row and
+//! each iteration's peak and the time of that peak), and [`reduce_ranks`] compares summaries.
+//! [`compare_runs`] is the two over local files on rayon's threads; the Python package's
+//! `allocsim.fleet` runs the map as processes or Ray tasks and the reduce here.
 
 use std::path::{Path, PathBuf};
 
@@ -39,7 +45,8 @@ pub struct RankSpec {
 }
 
 /// One file.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct RunRow {
     pub file: String,
     pub device: Option<usize>,
@@ -104,36 +111,62 @@ pub struct Ranks {
     pub spike_ratio: f64,
 }
 
-fn row(path: &Path, spec: &RankSpec) -> RunRow {
-    let mut r = RunRow {
-        file: path.display().to_string(),
-        device: None,
-        requests: 0,
-        peak_allocated: 0,
-        peak_reserved: 0,
-        ooms: 0,
-        first_oom: None,
-        first_oom_us: None,
-        recorded_ooms: 0,
-        first_recorded_oom_us: None,
-        start_us: None,
-        unallocated_at_peak: 0,
-        fragmentation_at_peak: 0.0,
-        peak_iteration: None,
-        iteration_peaks: Vec::new(),
-        iteration_peak_us: Vec::new(),
-        vs_median: Vec::new(),
-        error: None,
-    };
-    match measure_file(path, spec, &mut r) {
-        Ok(()) => {}
-        Err(e) => r.error = Some(e),
-    }
-    r
+/// Where one file's snapshot comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum RankSource<'a> {
+    /// A file, read as every command reads one (`allocsim_trace::read_trace`).
+    Path(&'a Path),
+    /// A file's bytes (read from wherever it lies), decoded by `allocsim_trace::read_trace_bytes`.
+    Bytes(&'a [u8]),
 }
 
-fn measure_file(path: &Path, spec: &RankSpec, r: &mut RunRow) -> Result<(), String> {
-    let snap = allocsim_trace::read_trace(path).map_err(|e| e.to_string())?;
+/// One file's part of a comparison: its row (without `vs_median`, which needs the other files)
+/// and the recorded time of each iteration's peak, which the first spike is decided by. What
+/// crosses a process boundary in a distributed comparison, as [`RankSummary::to_json`].
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RankSummary {
+    pub row: RunRow,
+    /// The recorded time of each iteration's peak request (`RunRow::iteration_peak_us`, which the
+    /// row's own JSON leaves out).
+    pub iteration_peak_us: Vec<Option<i64>>,
+}
+
+impl RankSummary {
+    /// A file that could not be compared: its row holds only its name and why.
+    pub fn failed(file: impl Into<String>, error: impl Into<String>) -> RankSummary {
+        RankSummary { row: RunRow { file: file.into(), error: Some(error.into()), ..RunRow::default() }, iteration_peak_us: Vec::new() }
+    }
+
+    /// The summary as one line of JSON (a few hundred bytes, and about 30 more per iteration).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a summary serialises")
+    }
+
+    /// A summary [`to_json`](Self::to_json) wrote.
+    pub fn from_json(s: &str) -> Result<RankSummary, String> {
+        serde_json::from_str(s).map_err(|e| format!("not a rank summary: {e}"))
+    }
+}
+
+/// Reads and replays one file under `spec`: its summary, named `file` (the name its row, the
+/// text and the JSON call it by). A file that cannot be read or replayed gives a summary whose
+/// row holds the error; this never fails otherwise.
+pub fn summarize_rank(source: RankSource<'_>, file: &str, spec: &RankSpec) -> RankSummary {
+    let mut r = RunRow { file: file.to_string(), ..RunRow::default() };
+    if let Err(e) = measure_file(source, spec, &mut r) {
+        r.error = Some(e);
+        r.iteration_peak_us.clear();
+    }
+    let iteration_peak_us = std::mem::take(&mut r.iteration_peak_us);
+    RankSummary { row: r, iteration_peak_us }
+}
+
+fn measure_file(source: RankSource<'_>, spec: &RankSpec, r: &mut RunRow) -> Result<(), String> {
+    let snap = match source {
+        RankSource::Path(path) => allocsim_trace::read_trace(path),
+        RankSource::Bytes(bytes) => allocsim_trace::read_trace_bytes(bytes),
+    }
+    .map_err(|e| e.to_string())?;
     let p = Prepared::new_for(&snap, spec.device, spec.device_memory, None, TorchVersion::DEFAULT).map_err(|e| e.to_string())?;
     let config = match &spec.config {
         Some(c) => AllocatorConfig::parse(c).map_err(|e| format!("--config {c:?}: {e}"))?,
@@ -245,9 +278,24 @@ fn glob_match(p: &[u8], s: &[u8]) -> bool {
     p[pi..].iter().all(|&c| c == b'*')
 }
 
-/// Replays every file of `paths` (in parallel) and compares them.
+/// Replays every file of `paths` (in parallel) and compares them: [`summarize_rank`] on each,
+/// then [`reduce_ranks`]. Each row is named by the path as given (`Path::display`).
 pub fn compare_runs(paths: &[PathBuf], spec: &RankSpec) -> Ranks {
-    let rows: Vec<RunRow> = paths.par_iter().map(|p| row(p, spec)).collect();
+    let summaries: Vec<RankSummary> = paths.par_iter().map(|p| summarize_rank(RankSource::Path(p), &p.display().to_string(), spec)).collect();
+    reduce_ranks(summaries, spec)
+}
+
+/// Compares the files' summaries, in the order given (see the module documentation).
+pub fn reduce_ranks(summaries: Vec<RankSummary>, spec: &RankSpec) -> Ranks {
+    let rows = summaries
+        .into_iter()
+        .map(|s| {
+            let mut row = s.row;
+            row.iteration_peak_us = s.iteration_peak_us;
+            row.vs_median.clear();
+            row
+        })
+        .collect();
     rank(rows, spec.spike_ratio)
 }
 
@@ -343,6 +391,50 @@ mod tests {
         assert_eq!(k.rows[1].vs_median, [1.0, 1.2, 2.0]);
         assert_eq!(median(vec![1, 4, 2, 3]), Some(2));
         assert_eq!(median(vec![]), None);
+    }
+
+    #[test]
+    fn summaries_cross_as_json_and_reduce_as_rows_rank() {
+        let rows = vec![r("a", &[100, 100], None), r("bb", &[100, 150], Some((2, 30)))];
+        let spec = RankSpec { config: None, capacity: None, device_memory: None, device: None, by: None, spike_ratio: 1.1 };
+        let summaries: Vec<RankSummary> = rows
+            .iter()
+            .map(|row| {
+                let mut row = row.clone();
+                let iteration_peak_us = std::mem::take(&mut row.iteration_peak_us);
+                let s = RankSummary { row, iteration_peak_us };
+                let back = RankSummary::from_json(&s.to_json()).unwrap();
+                assert_eq!(back, s);
+                back
+            })
+            .chain([RankSummary::failed("c", "c: not a snapshot")])
+            .collect();
+        let mut want_rows = rows.clone();
+        want_rows.push(RunRow { file: "c".into(), error: Some("c: not a snapshot".into()), ..RunRow::default() });
+        assert_eq!(reduce_ranks(summaries, &spec), rank(want_rows, 1.1));
+        assert!(RankSummary::from_json("{").unwrap_err().starts_with("not a rank summary"));
+        // Floats come back bit for bit (a value serde_json's default parser reads 1 ulp off).
+        let s = RankSummary { row: RunRow { fragmentation_at_peak: 0.45494132427203565, ..RunRow::default() }, iteration_peak_us: vec![None, Some(-1)] };
+        assert_eq!(RankSummary::from_json(&s.to_json()).unwrap(), s);
+    }
+
+    #[test]
+    fn a_file_and_its_bytes_summarize_alike() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces/field/ranks");
+        let spec = RankSpec { config: None, capacity: None, device_memory: None, device: None, by: None, spike_ratio: 1.1 };
+        let path = dir.join("rank1.pickle.gz");
+        let a = summarize_rank(RankSource::Path(&path), "rank1", &spec);
+        let bytes = std::fs::read(&path).unwrap();
+        let b = summarize_rank(RankSource::Bytes(&bytes), "rank1", &spec);
+        assert_eq!(a, b);
+        assert_eq!(a.row.error, None);
+        assert_eq!(a.iteration_peak_us.len(), a.row.iteration_peaks.len());
+        assert!(a.row.iteration_peaks.len() >= 12, "{:?}", a.row.iteration_peaks);
+        // A damaged file is a row with its error, not a failure.
+        let cut = summarize_rank(RankSource::Bytes(&bytes[..bytes.len() / 2]), "cut", &spec);
+        assert!(cut.row.error.is_some() && cut.row.iteration_peaks.is_empty(), "{cut:?}");
+        let missing = summarize_rank(RankSource::Path(&dir.join("absent.pickle.gz")), "absent", &spec);
+        assert!(missing.row.error.is_some());
     }
 
     #[test]

@@ -1,0 +1,185 @@
+"""allocsim.fleet: the ranks of a job compared in processes or Ray tasks give the answer of
+`allocsim compare` on the same files (its JSON, parsed, and its text), damaged files included."""
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import allocsim
+import allocsim.fleet
+from conftest import ROOT, cli, need
+
+# The rank recordings in traces/ (two DDP ranks of one job; rank 1 spikes in step 6).
+RANKS = "traces/field/ranks"
+RANK_FILES = ["traces/field/ranks/rank0.pickle.gz", "traces/field/ranks/rank1.pickle.gz"]
+
+
+def cli_json(*args):
+    p = cli("compare", *args, "--json")
+    return p, json.loads(p.stdout)
+
+
+@pytest.fixture(scope="module")
+def ray():
+    ray = need("ray", "the tests on a local Ray instance (test_fleet.py, fixture ray)")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def damaged(tmp_path):
+    """A directory of four ranks: the two recordings, rank 1 cut in half, and a file that is not
+    a snapshot at all."""
+    d = tmp_path / "job"
+    d.mkdir()
+    for f in RANK_FILES:
+        shutil.copy(os.path.join(ROOT, f), d / os.path.basename(f))
+    data = (d / "rank1.pickle.gz").read_bytes()
+    raw = gzip.decompress(data)
+    (d / "rank2.pickle.gz").write_bytes(gzip.compress(raw[: len(raw) // 2]))
+    (d / "rank3.pickle").write_bytes(b"not a snapshot\n")
+    return str(d)
+
+
+def test_the_rank_recordings_are_there():
+    assert all(os.path.exists(os.path.join(ROOT, f)) for f in RANK_FILES)
+    assert allocsim.fleet.expand(RANKS) == RANK_FILES
+    assert allocsim.fleet.expand(RANKS + "/rank*.pickle.gz") == RANK_FILES
+    assert allocsim.fleet.expand(RANK_FILES[::-1]) == RANK_FILES[::-1]
+
+
+def test_local_engine_gives_the_command_lines_answer():
+    p, want = cli_json(RANKS)
+    assert p.returncode == 0, p.stderr
+    r = allocsim.fleet.compare(RANKS, progress=False)
+    assert r.to_dict() == want
+    assert r.exit_code == 0 and r.error is None
+    text = cli("compare", RANKS)
+    assert str(r) + "\n" == text.stdout
+    # The answer itself: rank 1 spikes first, in step 6, and has the largest peak.
+    assert [row["file"] for row in r.rows] == RANK_FILES
+    assert r.first_spike["file"] == RANK_FILES[1] and r.first_spike["iteration"] == 6
+    assert r.largest_peak == RANK_FILES[1]
+    # Options reach every file as they reach the command line's.
+    p, want = cli_json(*RANK_FILES, "--ranks", "--capacity", "2GiB", "--spike", "1.5")
+    r = allocsim.fleet.compare(RANK_FILES, capacity="2GiB", spike=1.5, workers=1, progress=False)
+    assert r.to_dict() == want
+    assert r.first_oom is not None and r.first_oom["recorded"] is False
+
+
+def test_ray_engine_gives_the_command_lines_answer(ray):
+    p, want = cli_json(RANKS)
+    r = allocsim.fleet.compare(RANKS, engine="ray")
+    assert r.to_dict() == want
+    assert str(r) + "\n" == cli("compare", RANKS).stdout
+    # A Ray instance the caller started is left running.
+    assert ray.is_initialized()
+
+
+def check_damaged(r, d):
+    p, want = cli_json(d)
+    assert p.returncode == 2
+    assert r.to_dict() == want
+    assert r.exit_code == 2
+    assert p.stderr.strip().splitlines()[-1] == f"allocsim: error: {r.error}"
+    assert r.error.startswith("2 of 4 files could not be compared")
+    rows = {os.path.basename(row["file"]): row for row in r.rows}
+    assert rows["rank2.pickle.gz"]["error"] and rows["rank3.pickle"]["error"]
+    # The others still answer, with the peaks they have beside the undamaged files.
+    whole = {os.path.basename(row["file"]): row for row in allocsim.fleet.compare(RANKS, progress=False).rows}
+    for f in ("rank0.pickle.gz", "rank1.pickle.gz"):
+        assert rows[f]["error"] is None
+        assert rows[f]["iteration_peaks"] == whole[f]["iteration_peaks"]
+        assert rows[f]["peak_reserved"] == whole[f]["peak_reserved"] > 0
+
+
+def test_a_damaged_file_is_an_error_row_and_the_others_answer(damaged):
+    check_damaged(allocsim.fleet.compare(damaged, progress=False), damaged)
+
+
+def test_a_damaged_file_on_ray(ray, damaged):
+    check_damaged(allocsim.fleet.compare(damaged, engine="ray"), damaged)
+
+
+def test_urls_are_read_through_fsspec(damaged):
+    need("fsspec")
+    url = "file://" + damaged
+    names = allocsim.fleet.expand(url)
+    assert names == [url + "/" + n for n in ("rank0.pickle.gz", "rank1.pickle.gz", "rank2.pickle.gz", "rank3.pickle")]
+    r = allocsim.fleet.compare(url, progress=False)
+    p, want = cli_json(damaged)
+
+    def named(d, prefix):
+        # Each row named by its URL; an error row as such (a file read from its bytes may word
+        # its error otherwise than one read from its path).
+        for row in d["rows"]:
+            row["file"] = prefix + row["file"]
+            row["error"] = bool(row["error"])
+        for k in ("first_oom", "first_spike"):
+            if d[k]:
+                d[k]["file"] = prefix + d[k]["file"]
+        d["largest_peak"] = prefix + d["largest_peak"]
+        return d
+
+    assert named(r.to_dict(), "") == named(want, "file://")
+    assert [bool(row["error"]) for row in r.rows] == [False, False, True, True]
+    # A URL that does not exist is an error row too.
+    r = allocsim.fleet.compare([url + "/rank0.pickle.gz", url + "/absent.pickle.gz"], progress=False)
+    assert r.rows[0]["error"] is None and "absent.pickle.gz" in r.rows[1]["error"]
+
+
+def test_python_m_allocsim_fleet_prints_what_compare_prints(damaged):
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "allocsim.fleet", *a], cwd=ROOT, capture_output=True, text=True, env=env)  # noqa: E731
+    p, q = run(RANKS), cli("compare", RANKS)
+    assert (p.returncode, p.stdout) == (0, q.stdout), p.stderr
+    p, q = run(RANKS, "--json"), cli("compare", RANKS, "--json")
+    assert (p.returncode, json.loads(p.stdout)) == (0, json.loads(q.stdout))
+    p, q = run(damaged, "--workers", "2"), cli("compare", damaged)
+    assert (p.returncode, p.stdout, p.stderr.splitlines()[-1]) == (2, q.stdout, q.stderr.splitlines()[-1])
+    p, q = run(RANKS, "--config", "garbage_collection_threshold:2"), cli("compare", RANKS, "--config", "garbage_collection_threshold:2")
+    assert (p.returncode, p.stdout, p.stderr) == (2, "", q.stderr)
+
+
+def test_python_m_allocsim_fleet_on_ray():
+    need("ray")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "RAY_ADDRESS")}
+    p = subprocess.run([sys.executable, "-m", "allocsim.fleet", RANKS, "--ray", "--json"], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == json.loads(cli("compare", RANKS, "--json").stdout)
+
+
+def test_refusals_before_any_file_is_read():
+    with pytest.raises(allocsim.ConfigError):
+        allocsim.fleet.compare(RANKS, config="garbage_collection_threshold:2")
+    with pytest.raises(ValueError, match="--spike 1"):
+        allocsim.fleet.compare(RANKS, spike=1.0)
+    with pytest.raises(ValueError, match="engine"):
+        allocsim.fleet.compare(RANKS, engine="dask")
+    with pytest.raises(ValueError, match="no file matches"):
+        allocsim.fleet.compare(RANKS + "/nothing*.pickle")
+    with pytest.raises(ValueError, match="no files given"):
+        allocsim.fleet.compare([])
+
+
+def test_progress_over_files(capsys):
+    allocsim.fleet.compare(RANK_FILES, workers=1)  # stderr is not a terminal here: no bar
+    assert capsys.readouterr().err == ""
+    allocsim.fleet.compare(RANK_FILES, workers=1, progress=True)
+    assert "2/2" in capsys.readouterr().err
+
+
+def test_a_summary_is_small_and_crosses_as_json():
+    s = allocsim._allocsim.rank_summary(RANK_FILES[1], "rank1")
+    d = json.loads(s)
+    assert d["row"]["file"] == "rank1" and d["row"]["error"] is None
+    assert len(d["iteration_peak_us"]) == len(d["row"]["iteration_peaks"]) >= 12
+    assert len(s.encode()) < 2048
+    with open(os.path.join(ROOT, RANK_FILES[1]), "rb") as f:
+        assert allocsim._allocsim.rank_summary(f.read(), "rank1") == s
