@@ -440,7 +440,7 @@ const RESERVATION_ALIGN: u64 = 32 << 20;
 
 /// Whether a cluster of expandable-segment addresses starts at its reservation's base although the
 /// trace did not show that reservation being made (it was made before the history began): its
-/// lowest address, a final segment's or a page the trace unmaps, is aligned as the driver aligns
+/// lowest address, a final segment's or a page the trace unmaps but never maps, is aligned as the driver aligns
 /// reservation bases ([`RESERVATION_ALIGN`]). The allocator maps an expandable segment's pages from
 /// the reservation's start upwards (`ExpandableSegment::map`), and the snapshot starts a segment at
 /// each head block, so the lowest page a cluster shows is most often the base; a lower page unmapped
@@ -451,7 +451,8 @@ const RESERVATION_ALIGN: u64 = 32 << 20;
 /// reservation predates the history, the next one is recorded, and only their spacing tells the
 /// card's memory (85017493504 bytes, not an H200's).
 fn reservation_base_before_history(cluster: &[(u64, u64, Option<usize>, bool)]) -> bool {
-    cluster.first().is_some_and(|&(base, ..)| base % RESERVATION_ALIGN == 0)
+    // A lowest page the trace itself maps is left to the rule above (its first event there).
+    cluster.first().is_some_and(|&(base, ..)| base % RESERVATION_ALIGN == 0 && !cluster.iter().any(|t| t.0 == base && t.3))
 }
 
 /// The device's total memory as far as the trace shows it. `segments`: the snapshot's final
