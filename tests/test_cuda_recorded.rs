@@ -39,6 +39,7 @@ fn allocator_tests_replay_exactly() {
         "test_mempool_empty_cache__expandable",
         "test_mempool_empty_cache_inactive__default",
         "test_mempool_empty_cache_inactive__expandable",
+        "test_mempool_no_split__default",
         "test_mempool_no_split__expandable",
         "test_notifies_oom__default",
         "test_notifies_oom__expandable",
@@ -51,7 +52,7 @@ fn allocator_tests_replay_exactly() {
         "test_tensor_delete_after_allocator_delete__default",
         "test_tensor_delete_after_allocator_delete__expandable",
     ];
-    assert_eq!(names.len(), 26);
+    assert_eq!(names.len(), 27);
     let not: Vec<_> = names.iter().filter(|n| !exact(&validate(n))).collect();
     assert!(not.is_empty(), "not exact: {not:?}");
 }
@@ -80,6 +81,7 @@ fn settings_changed_at_run_time_are_named() {
         "settings_midrun__default",
         "settings_midrun__expandable",
         "test_allocator_settings__default",
+        "test_allocator_settings__expandable",
         "test_max_split_expandable__default",
         "test_max_split_expandable__expandable",
         "test_mempool_expandable__default",

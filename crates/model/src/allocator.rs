@@ -849,12 +849,7 @@ impl<D: Device> CachingAllocator<D> {
         {
             return false;
         }
-        let remaining = b.size - size;
-        if self.is_small(b.pool) || is_expandable_segments_active {
-            remaining >= K_MIN_BLOCK_SIZE
-        } else {
-            size < self.config.max_split_size && remaining > K_SMALL_SIZE
-        }
+        splits_block(&self.config, b.size, size, self.is_small(b.pool), is_expandable_segments_active)
     }
 
     /// `alloc_found_block`: the allocated part takes the low address; the old Block object keeps the
@@ -1949,4 +1944,14 @@ fn check_specs(blocks: &[RestoredBlockSpec], size: u64) -> Result<(), String> {
         at = b.offset + b.size;
     }
     Ok(())
+}
+
+/// `should_split` in a pool that splits (every pool but a `MemPool(no_split=True)`): whether a
+/// free block of `block_size` bytes serving a request rounded to `size` bytes is cut, leaving the
+/// remainder free. In a small pool or an expandable segment any remainder of `kMinBlockSize`
+/// (512) bytes or more is; in a large pool of cudaMalloc'd segments, a remainder above
+/// `kSmallSize` (1 MiB), and only for a request below `max_split_size`.
+pub fn splits_block(config: &AllocatorConfig, block_size: u64, size: u64, small: bool, expandable: bool) -> bool {
+    let remaining = block_size.saturating_sub(size);
+    if small || expandable { remaining >= K_MIN_BLOCK_SIZE } else { size < config.max_split_size && remaining > K_SMALL_SIZE }
 }

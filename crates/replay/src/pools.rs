@@ -45,7 +45,9 @@
 //!   the allocations it makes are the checkpoint's blocks, taken in place, not mallocs. They are
 //!   recognised by that frame in their recorded stack.
 
-use allocsim_model::allocator::{MempoolId, Route};
+use allocsim_model::AllocatorConfig;
+use allocsim_model::allocator::{MempoolId, Route, splits_block};
+use allocsim_model::constants::K_SMALL_SIZE;
 use allocsim_trace::hash::IntMap;
 use allocsim_trace::{Action, Frame, SnapshotSegment, TraceEntry};
 
@@ -92,6 +94,8 @@ struct Instances {
     of_release: IntMap<u32, u32>,
     /// The recorded stack of each release entry (by trace index; 0: none recorded).
     release_stacks: IntMap<u32, allocsim_trace::StackId>,
+    /// The settings the trace ran under (rounding and split rules).
+    config: AllocatorConfig,
 }
 
 /// Where in the release entries `start..end` (trace indices) another call's releases begin:
@@ -104,7 +108,7 @@ fn call_boundary(inst: &Instances, start: u32, end: u32) -> Option<u32> {
     (start..end).find(|&ti| first != 0 && stack(ti) != 0 && stack(ti) != first)
 }
 
-fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: u64) -> Instances {
+fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: u64, config: &AllocatorConfig) -> Instances {
     let reservation = (device_memory + device_memory / 8).div_ceil(2 << 20) * (2 << 20);
     let mut all: Vec<Instance> = Vec::new();
     let mut live: Vec<u32> = Vec::new();
@@ -174,7 +178,7 @@ fn instances(trace: &[TraceEntry], segments: &[SnapshotSegment], device_memory: 
             all[i as usize].final_pool = Some(s.pool_id);
         }
     }
-    Instances { all, of_request, of_release, release_stacks }
+    Instances { all, of_request, of_release, release_stacks, config: config.clone() }
 }
 
 /// A segment's pool: the default pools, or private pool group `.0`.
@@ -339,9 +343,79 @@ impl Plan {
                 }
             }
         }
+        for id in no_split_shown(&p, inst) {
+            let a = PoolAction::NoSplit(id);
+            if !p.pool_actions.iter().any(|x| x.1 == a) {
+                p.pool_actions.push((0, a));
+            }
+        }
         p.pool_actions.sort_by_key(|a| a.0);
         p
     }
+}
+
+/// The private pools the trace shows made with `MemPool(no_split=True)`: a request of a pool
+/// that got a new cudaMalloc'd segment while another segment of that pool, on its stream and of
+/// its size class, held a single live block at its base whose remainder `should_split` would
+/// have cut off and freed (`splits_block`), large enough for the request. A pool that splits
+/// would have served the request from that remainder (`get_free_block` looks in the pool before
+/// `alloc_block` calls cudaMalloc); a `no_split` pool gives the whole segment to its one block.
+/// (`test_mempool_no_split` in PyTorch's test_cuda.py, whose blocks are freed before the
+/// snapshot, so the final segments show nothing: `crate::program::pool_kinds`.)
+fn no_split_shown(p: &Program, inst: &Instances) -> Vec<MempoolId> {
+    let cfg = &inst.config;
+    let mut out: Vec<MempoolId> = Vec::new();
+    // Live requests per instance.
+    let mut live: IntMap<u32, Vec<u32>> = IntMap::default();
+    let instance_of = |q: u32| inst.of_request.get(q as usize).copied().flatten();
+    for op in &p.ops {
+        match *op {
+            Op::Malloc(q) => {
+                let r = &p.requests[q as usize];
+                let Some(i) = instance_of(q) else { continue };
+                let seg = &inst.all[i as usize];
+                if let Route::Private(id) = r.route
+                    && !out.contains(&id)
+                    && !r.recorded_oom
+                    && seg.malloced
+                    && seg.created == q
+                    && r.recorded_addr == seg.lo
+                {
+                    let size = cfg.round_size(r.size);
+                    let small = r.size <= K_SMALL_SIZE;
+                    let shown = live.iter().any(|(&j, reqs)| {
+                        let other = &inst.all[j as usize];
+                        let [b] = reqs.as_slice() else { return false };
+                        let held = &p.requests[*b as usize];
+                        let held_size = cfg.round_size(held.size);
+                        let remainder = other.hi - other.lo - held_size.min(other.hi - other.lo);
+                        j != i
+                            && other.malloced
+                            && held.route == r.route
+                            && held.stream == r.stream
+                            && held.recorded_addr == other.lo
+                            && (held.size <= K_SMALL_SIZE) == small
+                            && splits_block(cfg, other.hi - other.lo, held_size, small, false)
+                            && remainder >= size
+                            && (size >= cfg.max_split_size || remainder < cfg.max_split_size)
+                    });
+                    if shown {
+                        out.push(id);
+                    }
+                }
+                live.entry(i).or_default().push(q);
+            }
+            Op::Free { req, deferred: false } | Op::Complete(req) => {
+                if let Some(i) = instance_of(req)
+                    && let Some(v) = live.get_mut(&i)
+                {
+                    v.retain(|&x| x != req);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// How far a replay reproduces the trace: the first request at which it differs (in an address
@@ -414,7 +488,7 @@ const MAX_OPS_REPLAYED: usize = 200_000_000;
 /// `opts` (the trace's own settings, addresses and budget), and rewrites its routes and pool
 /// actions. Leaves the program as it was when nothing better is found.
 pub fn infer(program: &mut Program, trace: &[TraceEntry], segments: &[SnapshotSegment], opts: &ReplayOptions) -> PoolInference {
-    let inst = instances(trace, segments, opts.device_memory);
+    let inst = instances(trace, segments, opts.device_memory, &opts.config);
     let (recorded, _) = crate::budget::recorded_events(trace);
     let mut groups: Vec<Option<MempoolId>> = Vec::new();
     let mut labels = Vec::with_capacity(inst.all.len());

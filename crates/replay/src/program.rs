@@ -23,8 +23,8 @@
 use std::collections::BTreeMap;
 
 use allocsim_model::AllocatorConfig;
-use allocsim_model::allocator::{MempoolId, Route};
-use allocsim_model::constants::{H200_TOTAL_MEMORY, K_MIN_BLOCK_SIZE, K_SMALL_SIZE};
+use allocsim_model::allocator::{MempoolId, Route, splits_block};
+use allocsim_model::constants::H200_TOTAL_MEMORY;
 use allocsim_trace::hash::{IntMap, IntSet};
 use allocsim_trace::{Action, SnapshotSegment, StackId, TraceEntry};
 
@@ -73,6 +73,8 @@ pub enum PoolAction {
 ///   segments, or by 512 bytes or more in a small pool or an expandable segment, with the request
 ///   below `max_split_size` (an oversize block is never split, and may be reused within
 ///   `max_non_split_rounding_mb`). Only a pool made with `no_split=True` returns such a block.
+///   Where the final segments show none (the blocks were freed), `crate::pools` reads the trace
+///   (`no_split_shown`).
 /// * **A custom allocator.** A cudaMalloc'd segment in a private pool while expandable segments
 ///   are on: `is_expandable_segments_active` is false only for a pool with its own allocator.
 pub fn pool_kinds(segments: &[SnapshotSegment], config: &AllocatorConfig) -> Vec<(u32, PoolAction)> {
@@ -92,8 +94,7 @@ pub fn pool_kinds(segments: &[SnapshotSegment], config: &AllocatorConfig) -> Vec
             b.state == allocsim_trace::BlockState::ActiveAllocated
                 && b.requested_size > 0
                 && rounded < config.max_split_size
-                && b.size > rounded
-                && if s.is_small || s.is_expandable { b.size - rounded >= K_MIN_BLOCK_SIZE } else { b.size - rounded > K_SMALL_SIZE }
+                && splits_block(config, b.size, rounded, s.is_small, s.is_expandable)
         });
         if unsplit {
             push(PoolAction::NoSplit(id));

@@ -15,6 +15,11 @@
 //! * **Rounding.** A live block takes at least `round_size` of its request: a later block that
 //!   starts inside that span means the earlier one was rounded less (another
 //!   `roundup_power2_divisions`).
+//! * **Expandable growth.** A request that maps pages at the top of an expandable segment
+//!   (`segment_map`s right before its `alloc`, where the mapped range ends) takes the free block
+//!   at the segment's top with them: it starts where the highest live block below ends. A request
+//!   that starts well above that end means the block below took more than `round_size` of its
+//!   request: it was rounded more (another `roundup_power2_divisions`).
 //! * **The allowed maximum.** Its OOMs allow less than the segments the trace got need
 //!   ([`crate::budget::Budget::bounds_contradict`]).
 //! * **Recorded values** that differ from what the last settings string gives
@@ -23,10 +28,14 @@
 use std::collections::BTreeMap;
 
 use allocsim_model::AllocatorConfig;
+use allocsim_model::constants::K_MIN_BLOCK_SIZE;
 use allocsim_model::format::format_size;
 use allocsim_trace::{Action, TraceEntry};
 
+use allocsim_model::allocator::Route;
+
 use crate::budget::Budget;
+use crate::program::Program;
 
 /// At most this many facts of each kind are reported.
 const MAX_PER_KIND: usize = 1;
@@ -34,7 +43,7 @@ const MAX_PER_KIND: usize = 1;
 /// What the trace shows of settings other than `own` (the recorded ones) having been in force
 /// for part of the run, with the budget the replay inferred; `settings_note`: how the recorded
 /// settings were read (a string changed at run time). Empty: nothing shows it.
-pub fn evidence(trace: &[TraceEntry], own: &AllocatorConfig, budget: &Budget, settings_note: Option<&str>) -> Vec<String> {
+pub fn evidence(trace: &[TraceEntry], program: &Program, own: &AllocatorConfig, budget: &Budget, settings_note: Option<&str>) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(note) = settings_note.filter(|n| n.contains("changed at run time")) {
         out.push(note.to_string());
@@ -51,6 +60,7 @@ pub fn evidence(trace: &[TraceEntry], own: &AllocatorConfig, budget: &Budget, se
     }
     out.extend(segment_sizes(trace, own).into_iter().take(MAX_PER_KIND));
     out.extend(rounding(trace, own).into_iter().take(MAX_PER_KIND));
+    out.extend(expandable_growth(trace, program, own).into_iter().take(MAX_PER_KIND));
     if let Some((need, allowed)) = budget.bounds_contradict {
         out.push(format!(
             "the segments the trace got need at least {} allowed, more than its OOMs allow ({}): the allowed maximum (set_per_process_memory_fraction) changed during the run",
@@ -122,6 +132,86 @@ fn rounding(trace: &[TraceEntry], own: &AllocatorConfig) -> Vec<String> {
     out
 }
 
+/// Requests that grew an expandable segment but start above the end of the highest live block
+/// below them, as the recorded settings round it (see the module documentation). Blocks of
+/// private pools are left out: a `MemPool(no_split=True)` block takes its whole mapping.
+fn expandable_growth(trace: &[TraceEntry], program: &Program, own: &AllocatorConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    // Mapped ranges: start → end, contiguous ranges merged.
+    let mut mapped: BTreeMap<u64, u64> = BTreeMap::new();
+    // Live blocks: address → (request, requested size).
+    let mut live: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
+    let mut req = 0u32;
+    // The segment's mapped start and the grown range's start, for the maps before an alloc.
+    let mut grown: Option<(u64, u64)> = None;
+    for e in trace {
+        match e.action {
+            Action::SegmentMap => {
+                let end = e.addr.saturating_add(e.size);
+                let below = mapped.range(..=e.addr).next_back().map(|(&lo, &hi)| (lo, hi)).filter(|&(_, hi)| hi == e.addr);
+                let lo = match below {
+                    Some((lo, _)) => lo,
+                    None => e.addr,
+                };
+                let hi = match mapped.remove(&end) {
+                    Some(hi) => hi,
+                    None => end,
+                };
+                mapped.insert(lo, hi);
+                if grown.is_none() {
+                    grown = Some((lo, e.addr));
+                }
+            }
+            Action::SegmentUnmap => {
+                let end = e.addr.saturating_add(e.size);
+                if let Some((&lo, &hi)) = mapped.range(..=e.addr).next_back()
+                    && hi >= end
+                {
+                    mapped.remove(&lo);
+                    if lo < e.addr {
+                        mapped.insert(lo, e.addr);
+                    }
+                    if end < hi {
+                        mapped.insert(end, hi);
+                    }
+                }
+                grown = None;
+            }
+            Action::Alloc => {
+                if let Some((lo, top)) = grown.take()
+                    && lo < top
+                    && e.addr <= top
+                    && let Some((&a, &(q, size))) = live.range(lo..top).next_back()
+                    && program.requests.get(q as usize).is_some_and(|r| r.route == Route::Default)
+                {
+                    let rounded = own.round_size(size);
+                    let end = a.saturating_add(rounded);
+                    if e.addr >= end.saturating_add(K_MIN_BLOCK_SIZE) {
+                        out.push(format!(
+                            "request {req} grew an expandable segment from {} bytes above the end of request {q}'s block ({size} bytes, which the recorded settings round to {rounded}): that block took {} bytes, rounded more than the recorded settings round",
+                            e.addr - end,
+                            e.addr - a
+                        ));
+                    }
+                }
+                grown = None;
+                live.insert(e.addr, (req, e.size));
+                req += 1;
+            }
+            Action::Oom => {
+                grown = None;
+                req += 1;
+            }
+            Action::FreeCompleted => {
+                live.remove(&e.addr);
+            }
+            Action::FreeRequested => {}
+            _ => grown = None,
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,13 +238,54 @@ mod tests {
             e(Action::Alloc, base + (64 << 20), 3 * MIB / 2),
             e(Action::Alloc, base + (64 << 20) + MIB, MIB + 1),
         ];
-        let ev = evidence(&trace, &own, &Budget::none(crate::budget::DeviceMemory::given(1 << 40)), None);
+        let ev = evidence(&trace, &Program::default(), &own, &Budget::none(crate::budget::DeviceMemory::given(1 << 40)), None);
         assert_eq!(ev.len(), 2, "{ev:?}");
         assert!(ev[0].contains("request 0 (17825792 bytes) got a new segment of 20971520 bytes; the recorded settings make 18874368"), "{ev:?}");
         assert!(ev[1].contains("request 2 starts 1048576 bytes into request 1's block"), "{ev:?}");
         // Under the settings that made it, nothing shows.
         let rpd = AllocatorConfig::parse("roundup_power2_divisions:4").unwrap();
         let trace = &trace[..2];
-        assert!(evidence(trace, &rpd, &Budget::none(crate::budget::DeviceMemory::given(1 << 40)), None).is_empty());
+        assert!(evidence(trace, &Program::default(), &rpd, &Budget::none(crate::budget::DeviceMemory::given(1 << 40)), None).is_empty());
+    }
+
+    /// Constructed from the rules of expandable segments (large pages of 20 MiB): a request that
+    /// maps pages takes the free block at the segment's top, which starts where the highest live
+    /// block ends. Request 1's 84 MiB block took 96 MiB (`roundup_power2_divisions:4`), so request
+    /// 2 starts 12 MiB above where the recorded settings (none) end it. A private pool's block is
+    /// not read (a `no_split` pool's takes its whole mapping).
+    #[test]
+    fn expandable_growth_above_the_rounded_end() {
+        let own = AllocatorConfig { expandable_segments: true, ..AllocatorConfig::default() };
+        let b = 1u64 << 36;
+        let trace = [
+            e(Action::SegmentMap, b, 100 * MIB),
+            e(Action::Alloc, b, 84 * MIB),
+            e(Action::SegmentMap, b + 100 * MIB, 80 * MIB),
+            e(Action::Alloc, b + 84 * MIB, 84 * MIB),
+            e(Action::SegmentMap, b + 180 * MIB, 100 * MIB),
+            e(Action::Alloc, b + 180 * MIB, 84 * MIB),
+        ];
+        let budget = Budget::none(crate::budget::DeviceMemory::given(1 << 40));
+        let mut program = Program::build(&trace, &[]);
+        let ev = evidence(&trace, &program, &own, &budget, None);
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        assert!(ev[0].starts_with("request 2 grew an expandable segment from 12582912 bytes above the end of request 1's block (88080384 bytes"), "{ev:?}");
+        // Under the settings that made it (every block rounded to 96 MiB), nothing shows.
+        let rpd = AllocatorConfig { expandable_segments: true, ..AllocatorConfig::parse("roundup_power2_divisions:4").unwrap() };
+        let made = [
+            e(Action::SegmentMap, b, 100 * MIB),
+            e(Action::Alloc, b, 84 * MIB),
+            e(Action::SegmentMap, b + 100 * MIB, 100 * MIB),
+            e(Action::Alloc, b + 96 * MIB, 84 * MIB),
+            e(Action::SegmentMap, b + 200 * MIB, 80 * MIB),
+            e(Action::Alloc, b + 192 * MIB, 84 * MIB),
+        ];
+        assert!(evidence(&made, &Program::build(&made, &[]), &rpd, &budget, None).is_empty());
+        // The same blocks under no rounding: request 1 starts 12 MiB above request 0's end.
+        let ev = evidence(&made, &Program::build(&made, &[]), &own, &budget, None);
+        assert!(ev.iter().any(|x| x.starts_with("request 1 grew an expandable segment from 12582912 bytes above")), "{ev:?}");
+        // A private pool's block is left out.
+        program.requests[1].route = allocsim_model::allocator::Route::Private((0, 1));
+        assert!(evidence(&trace, &program, &own, &budget, None).is_empty());
     }
 }

@@ -98,7 +98,7 @@ pub fn validate(r: &Replayed) -> Validation {
     let findings = findings(r);
     let exact = segment_events.exact() && ooms.exact() && alloc_addresses.exact() && final_segments.exact() && findings.is_empty();
     let settings_changed =
-        if exact { Vec::new() } else { crate::settings_change::evidence(&r.trace, &r.options.config, &r.budget, r.rules.settings_note.as_deref()) };
+        if exact { Vec::new() } else { crate::settings_change::evidence(&r.trace, &r.program, &r.options.config, &r.budget, r.rules.settings_note.as_deref()) };
     Validation { exact, settings_changed, findings, segment_events, ooms, alloc_addresses, final_segments }
 }
 
