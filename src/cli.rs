@@ -89,7 +89,7 @@ enum Command {
     /// Replay a snapshot under its own settings and check every recorded segment event, OOM,
     /// allocation address and the final segments. Exit status 0 if exact, 1 if anything differs
     /// or the trace contradicts itself (a free of a block it never allocated), 3 if there is
-    /// nothing to validate (no entries, no final segments), 2 on an error.
+    /// nothing to validate (no trace entries: no history was recorded), 2 on an error.
     Validate {
         /// A snapshot (.pickle, .pickle.gz, a snapshot saved as JSON) or an allocsim .jsonl trace.
         trace: PathBuf,

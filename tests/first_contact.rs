@@ -267,7 +267,11 @@ fn empty_traces_answer_for_the_device_with_segments() {
     assert_eq!(j["final_state"]["allocated"].as_u64(), Some(recorded_stat(TINY_STACKS_ALL, "allocated_bytes.all.current")));
     let r = success(&["replay", t.arg()]);
     assert!(r.contains("(device 1)") && r.contains("final state") && !r.contains("mid-history"), "{r}");
-    assert!(success(&["validate", t.arg()]).contains("(device 1)"));
+    // Nothing was recorded to check a replay against: not "exact", exit status 3.
+    let o = run(&["validate", t.arg()]);
+    let v = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(3), "{v}");
+    assert!(v.contains("nothing to validate: the snapshot has no trace entries") && !v.contains("  exact"), "{v}");
     user_error(&["sweep", t.arg()], &["no trace entries", "_record_memory_history("]);
     user_error(&["fit", t.arg()], &["no trace entries"]);
 }
@@ -311,8 +315,13 @@ fn a_segments_only_list_is_analysed_as_a_final_state() {
     // The pinning blocks are named by their own stacks: the user's file, not the unwinder.
     let x = success(&["explain", JSON_SEGMENTS]);
     assert!(x.contains("from ") && x.contains("record_field.py:") && !x.contains("unwind"), "{x}");
-    let v = success(&["validate", JSON_SEGMENTS]);
-    assert!(v.contains("final segments   6/6 reproduced") && v.contains("\n  exact\n"), "{v}");
+    // A list of segments holds no history: nothing to validate (exit status 3), not "exact".
+    let o = run(&["validate", JSON_SEGMENTS]);
+    let v = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(3), "{v}");
+    assert!(v.contains("nothing to validate: the snapshot has no trace entries") && !v.contains("  exact"), "{v}");
+    let j: serde_json::Value = serde_json::from_slice(&run(&["validate", JSON_SEGMENTS, "--json"]).stdout).unwrap();
+    assert_eq!((j["exact"].as_bool(), j["nothing_to_validate"].as_bool()), (Some(false), Some(true)), "{j}");
 }
 
 /// torch 2.1–2.4: accepted (2.5's rules), and the output says they were not measured.

@@ -491,9 +491,13 @@ impl ValidateAnswer {
         !self.nothing_to_validate() && self.devices.iter().all(|d| d.validation.exact)
     }
 
-    /// The trace has no entries and no final segments: nothing was validated.
+    /// Nothing was validated: the trace has no entries and no final segments, or no trace
+    /// entries at all (a snapshot taken without memory history, or a list of segments). The
+    /// replay of no requests starts from the state the final segments give and reproduces them by
+    /// construction, which checks nothing; so it is not called exact. The final segments are still
+    /// read for consistency (overlaps, sizes): a contradiction is reported.
     pub fn nothing_to_validate(&self) -> bool {
-        self.devices.is_empty()
+        self.devices.is_empty() || self.no_history.is_some()
     }
 }
 
@@ -503,7 +507,7 @@ impl Answer for ValidateAnswer {
             writeln!(out, "{}: {} devices with entries, each validated on its own allocator", self.name, self.devices.len())?;
         }
         write_rules(out, &self.rules)?;
-        if self.nothing_to_validate() {
+        if self.devices.is_empty() {
             return writeln!(
                 out,
                 "{}: nothing to validate: the trace has no entries and no final segments (not exact; exit status {NOTHING_TO_VALIDATE})",
@@ -512,6 +516,16 @@ impl Answer for ValidateAnswer {
         }
         if let Some(note) = &self.no_history {
             writeln!(out, "note: {note}")?;
+            for d in &self.devices {
+                for f in &d.validation.findings {
+                    writeln!(out, "{} (device {}): inconsistent final segments: {f}", self.name, d.device)?;
+                }
+            }
+            return writeln!(
+                out,
+                "{}: nothing to validate: the snapshot has no trace entries, so there is no replay to check against a recording; its final segments were read (not exact; exit status {NOTHING_TO_VALIDATE})",
+                self.name
+            );
         }
         for d in &self.devices {
             let v = &d.validation;
@@ -574,16 +588,19 @@ impl Answer for ValidateAnswer {
         };
         let mut json = one(first);
         json["exact"] = json!(self.exact());
-        json["nothing_to_validate"] = json!(false);
-        json["exact_device"] = json!(first.validation.exact);
+        json["nothing_to_validate"] = json!(self.nothing_to_validate());
+        json["exact_device"] = json!(self.exact() && first.validation.exact);
         json["torch_version"] = json!(self.rules.version.to_string());
         json["rules"] = self.rules.to_json();
         json["devices"] = Value::from(self.devices.iter().map(one).collect::<Vec<_>>());
         json
     }
-    /// 0: exact; 1: something differs (or the trace contradicts itself); 3: nothing to validate.
+    /// 0: exact; 1: something differs (or the trace contradicts itself, its final segments
+    /// included); 3: nothing to validate.
     fn exit_code(&self) -> i32 {
-        if self.nothing_to_validate() {
+        if self.devices.iter().any(|d| !d.validation.findings.is_empty()) {
+            1
+        } else if self.nothing_to_validate() {
             NOTHING_TO_VALIDATE
         } else if self.exact() {
             0
