@@ -106,12 +106,6 @@ fn replay_compare_and_explain_give_one_peak() {
         }
         assert!(peaks[0] > 0, "{f}: no peak reserved");
     }
-    // Known, not yet resolved (issue 26): `explain --at peak` puts the peak of these recordings
-    // (one 2 MiB segment from before the history, then only an OOM) at 0 bytes reserved.
-    const KNOWN: [&str; 2] = ["test_cuda/test_notifies_oom__default.pickle.gz", "test_cuda/test_notifies_oom__expandable.pickle.gz"];
-    let known = bad.iter().filter(|b| KNOWN.iter().any(|k| b.contains(k))).count();
-    assert_eq!(known, KNOWN.len(), "a known disagreement is gone: take it off KNOWN");
-    bad.retain(|b| !KNOWN.iter().any(|k| b.contains(k)));
     assert!(bad.is_empty(), "{} of {} recordings disagree:\n{}", bad.len(), results.len(), bad.join("\n"));
     assert!(mid_history_peaks >= 37, "{mid_history_peaks} field recordings checked");
 }

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use allocsim_model::AllocatorConfig;
 use allocsim_replay::Prepared;
-use allocsim_report::explain::{At, CANDIDATES, explain};
+use allocsim_model::format::format_size;
+use allocsim_report::explain::{At, CANDIDATES, explain, verdict_lines};
 use allocsim_trace::read_trace;
 
 const H200: u64 = 150_109_880_320;
@@ -97,8 +98,29 @@ fn explaining_a_served_request_and_the_peak() {
     let x = explain(&p, &cfg, None, &p.recorded_placement(), At::Request(5), &[]).unwrap();
     assert!(x.message.is_none());
     assert_eq!(x.request, 5);
+    let v = verdict_lines(&x, &[], true, true, &cfg, None, &p);
+    assert!(v.len() == 1 && v[0].starts_with("Request 5: ") && v[0].contains(", served ("), "{v:?}");
     let peak = explain(&p, &cfg, None, &p.recorded_placement(), At::Peak, &[]).unwrap();
     assert_eq!(peak.free.reserved, p.own_outcome.peak_reserved, "the state after the peak's request holds the peak");
+    assert!(!peak.at_start);
+    let v = verdict_lines(&peak, &[], true, true, &cfg, None, &p);
+    let expect = format!("Peak reserved: {}, reached by request {}: ", format_size(p.own_outcome.peak_reserved), peak.request);
+    assert!(v.len() == 1 && v[0].starts_with(&expect), "{v:?} does not start with {expect:?}");
+}
+
+/// A recording whose only segment was reserved before the history began, then only an OOM: its
+/// peak reserved is the state it started from, explained before the first op.
+#[test]
+fn a_peak_no_request_reached_is_the_starting_state() {
+    let path = root().join("traces/field/test_cuda/test_notifies_oom__default.pickle.gz");
+    let p = Prepared::new(&read_trace(&path).unwrap(), None, H200, None).unwrap();
+    let cfg = AllocatorConfig::default();
+    let peak = explain(&p, &cfg, None, &p.recorded_placement(), At::Peak, &[]).unwrap();
+    assert!(peak.at_start && peak.steps.is_empty() && peak.message.is_none());
+    assert_eq!((peak.free.reserved, peak.free.allocated), (2 << 20, 0), "one 2 MiB small-pool segment, free");
+    assert_eq!(peak.free.reserved, p.own_outcome.peak_reserved);
+    let v = verdict_lines(&peak, &[], true, true, &cfg, None, &p);
+    assert_eq!(v, ["Peak reserved at the start: 2.00 MiB reserved before memory history was turned on, which no request grew past (0 bytes allocated then)."]);
 }
 
 #[test]

@@ -116,12 +116,12 @@ impl Answer for ExplainAnswer {
             ExplainAnswer::FinalState { name, device, state, top } => write_final_state(out, name, *device, state, *top),
             ExplainAnswer::Explained(e) => {
                 let cx = Context { prepared: &e.prepared, capacity: e.capacity };
+                write_verdict(out, e)?;
                 if e.x.message.is_some() {
-                    write_verdict(out, e)?;
                     write_oom_table(out, &e.x, &e.causes, e.own)?;
-                    writeln!(out)?;
-                    writeln!(out, "Details")?;
                 }
+                writeln!(out)?;
+                writeln!(out, "Details")?;
                 write_explanation(out, &e.x, &e.config, e.top, &cx)
             }
         }
@@ -201,7 +201,7 @@ fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
-/// The explained OOM's verdict, then a blank line.
+/// The verdict: the explained OOM (or the request or state asked for) in a few lines.
 fn write_verdict(out: &mut dyn Write, e: &Explained) -> io::Result<()> {
     for l in verdict_lines(e) {
         writeln!(out, "{l}")?;
@@ -277,6 +277,16 @@ fn write_stack(out: &mut dyn Write, frames: &[allocsim_trace::Frame]) -> io::Res
 /// `explain` as text: the request, the allocator's steps, where the free memory is, what pins it,
 /// and what would have worked (`top`: how many pinned segments and sites to list).
 pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &AllocatorConfig, top: usize, cx: &Context<'_>) -> io::Result<()> {
+    if x.at_start {
+        writeln!(out, "The state when the trace began (the peak reserved: no request grew past it):")?;
+    } else {
+        write_request(out, x, config, cx)?;
+    }
+    write_free(out, x, top, cx)
+}
+
+/// The explained request, where it came from, and what the allocator did for it.
+fn write_request(out: &mut dyn Write, x: &Explanation, config: &AllocatorConfig, cx: &Context<'_>) -> io::Result<()> {
     let (p, capacity) = (cx.prepared, cx.capacity);
     let pool = if x.small { "small pool" } else { "large pool" };
     writeln!(
@@ -318,6 +328,14 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
         }
         None => writeln!(out, "  → served")?,
     }
+    Ok(())
+}
+
+/// Where the reserved but unallocated memory is, what pins it, and (after an OOM) what other
+/// settings do on the same requests.
+fn write_free(out: &mut dyn Write, x: &Explanation, top: usize, cx: &Context<'_>) -> io::Result<()> {
+    let (p, capacity) = (cx.prepared, cx.capacity);
+    let pool = if x.small { "small pool" } else { "large pool" };
     writeln!(out)?;
     let f = &x.free;
     writeln!(out, "Where the {} reserved but not allocated is ({} reserved, {} allocated):", fs(f.unallocated()), fs(f.reserved), fs(f.allocated))?;
@@ -350,14 +368,16 @@ pub fn write_explanation(out: &mut dyn Write, x: &Explanation, config: &Allocato
             if pp.freeable { "; no longer serving requests (its users are gone), held by its live blocks until they go" } else { "" }
         )?;
     }
-    writeln!(
-        out,
-        "  usable by this request (stream {}, {pool}): {} free, the largest contiguous block {} (needed {})",
-        x.stream,
-        fs(x.usable_free),
-        fs(x.usable_largest_block),
-        fs(x.rounded_size)
-    )?;
+    if !x.at_start {
+        writeln!(
+            out,
+            "  usable by this request (stream {}, {pool}): {} free, the largest contiguous block {} (needed {})",
+            x.stream,
+            fs(x.usable_free),
+            fs(x.usable_largest_block),
+            fs(x.rounded_size)
+        )?;
+    }
     writeln!(out, "  largest contiguous free block anywhere: {}; gap concentration Σgap²/(Σgap)² = {:.4}", fs(f.largest_free_block), f.gap_concentration)?;
     if !x.pinning_sites.is_empty() {
         writeln!(out)?;

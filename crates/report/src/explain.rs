@@ -130,6 +130,12 @@ pub struct Explanation {
     pub recorded_oom: bool,
     /// The iteration and annotated regions it falls in (see `allocsim_phases::layout`).
     pub phase: Option<PhaseAt>,
+    /// `--at peak` on a trace whose peak reserved is the state it started from (segments reserved
+    /// before the history began, never exceeded): that state is explained, before the first op;
+    /// `request`'s malloc is not run (no steps, no OOM).
+    pub at_start: bool,
+    /// Asked for as `--at peak`: the request is the one whose new segment reached the peak reserved.
+    pub at_peak: bool,
     #[serde(skip)]
     pub oom: Option<OutOfMemory>,
     /// PyTorch's OOM message, without NVML's per-process sentence (which a trace cannot know).
@@ -324,23 +330,31 @@ pub fn explain(
         // The request whose events reached the peak.
         At::Peak => (prepared.peak_request(&full, config, &limits, placement.clone()).unwrap_or(0), true),
     };
+    // A peak no request raised: the state the trace started from (a mid-history start whose
+    // segments no later request grew past) is the peak, shown as it was before the first op.
+    let at_start = matches!(at, At::Peak) && full.peak_reserved_request().is_none() && prepared.program.initial.as_ref().is_some_and(|s| !s.is_empty());
     let r = *prepared.program.requests.get(req as usize)?;
-    let k = op_index_of_malloc(&prepared.program, req)?;
+    let k = if at_start { 0 } else { op_index_of_malloc(&prepared.program, req)? };
     let State { allocator: mut alloc, mut live } = state_before(prepared, config, capacity, placement, k);
     alloc.events.clear();
     if !limits.outside.is_empty() {
         alloc.device.set_outside_memory(limits.outside.at(req));
     }
-    alloc.record_steps = true;
-    let result = alloc.malloc(r.size, r.stream, r.route);
-    let steps = std::mem::take(&mut alloc.steps);
-    alloc.record_steps = false;
-    let oom = result.as_ref().err().cloned();
-    if let Ok(b) = result
-        && include
-    {
-        live.insert(req, alloc.block(b).ptr);
-    }
+    let (steps, oom) = if at_start {
+        (Vec::new(), None)
+    } else {
+        alloc.record_steps = true;
+        let result = alloc.malloc(r.size, r.stream, r.route);
+        let steps = std::mem::take(&mut alloc.steps);
+        alloc.record_steps = false;
+        let oom = result.as_ref().err().cloned();
+        if let Ok(b) = result
+            && include
+        {
+            live.insert(req, alloc.block(b).ptr);
+        }
+        (steps, oom)
+    };
     let by_ptr: HashMap<u64, u32> = live.iter().map(|(&q, &a)| (a, q)).collect();
     let free = breakdown(&alloc);
     let rounded = config.round_size(r.size);
@@ -468,6 +482,8 @@ pub fn explain(
         call_site: prepared.call_site(req),
         recorded_oom: r.recorded_oom,
         phase: Layout::of(prepared, None).ok().map(|l| l.phase_at(req, r.trace_index)),
+        at_start,
+        at_peak: matches!(at, At::Peak),
         oom,
         message,
         steps,
@@ -659,6 +675,34 @@ pub fn verdict_lines(
     let mut lines = Vec::new();
     let site = x.call_site.as_deref().map_or_else(|| "(no stack recorded)".to_string(), |s| format!("from {s}"));
     let whereabouts = x.phase.as_ref().map(phase_words).unwrap_or_default();
+    if x.at_start {
+        lines.push(format!(
+            "Peak reserved at the start: {} reserved before memory history was turned on, which no request grew past ({} allocated then).",
+            fs(x.free.reserved),
+            fs(x.free.allocated)
+        ));
+        return lines;
+    }
+    if x.message.is_none() && x.at_peak {
+        lines.push(format!(
+            "Peak reserved: {}, reached by request {}: {} {site}{whereabouts}, served ({} allocated after it).",
+            fs(x.free.reserved),
+            x.request,
+            fs(x.orig_size),
+            fs(x.free.allocated)
+        ));
+        return lines;
+    }
+    if x.message.is_none() {
+        lines.push(format!(
+            "Request {}: {} {site}{whereabouts}, served ({} reserved, {} allocated after it).",
+            x.request,
+            fs(x.orig_size),
+            fs(x.free.reserved),
+            fs(x.free.allocated)
+        ));
+        return lines;
+    }
     lines.push(format!("Out of memory at request {}: {} {site}{whereabouts}.", x.request, fs(x.orig_size)));
     let recorded: Vec<&OomCause> = causes.iter().filter(|c| c.recorded_oom).collect();
     let this = causes.iter().find(|c| c.request == x.request);
