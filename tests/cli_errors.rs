@@ -195,6 +195,16 @@ fn bad_jsonl() {
     }
 }
 
+/// The metadata .json written beside a recording (pretty-printed JSON, not a snapshot) is named
+/// for what it is, not reported as a JSON Lines syntax error alone.
+#[test]
+fn a_recordings_metadata_json_is_not_a_trace() {
+    let meta = root("traces/field/test_cuda/test_notifies_oom__default.json");
+    for cmd in ["replay", "validate", "explain"] {
+        user_error(&[cmd, meta.to_str().unwrap()], &["line 1", "unfinished JSON object", "first key is one of segments", "metadata, not a trace"]);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bad settings and arguments
 // ---------------------------------------------------------------------------------------------

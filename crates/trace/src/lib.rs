@@ -577,7 +577,7 @@ fn not_a_pickle(bytes: &[u8]) -> Option<TraceError> {
 }
 
 /// The keys of the dict `torch.cuda.memory._snapshot()` returns.
-const SNAPSHOT_KEYS: &[&str] = &["segments", "device_traces", "allocator_settings", "external_annotations"];
+pub(crate) const SNAPSHOT_KEYS: &[&str] = &["segments", "device_traces", "allocator_settings", "external_annotations"];
 
 /// Whether text that starts with `{` (after white space) is a snapshot saved as JSON
 /// (`json.dump(torch.cuda.memory._snapshot(), f)`, what Mosaic reads) rather than allocsim's JSON
