@@ -120,7 +120,7 @@ fn replayed_side(label: String, p: &Prepared, o: &ReplayOutcome) -> Side {
     let mut deltas = Vec::new();
     let mut sites = Vec::new();
     for e in &o.segment_events {
-        let grow = matches!(e.action, "segment_alloc" | "segment_map");
+        let grow = e.action.reserves();
         deltas.push((e.request, if grow { e.size as i64 } else { -(e.size as i64) }));
         if grow {
             sites.push((p.call_site(e.request).unwrap_or_else(|| "(no stack recorded for these requests)".into()), e.size));

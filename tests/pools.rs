@@ -107,7 +107,7 @@ fn mempool_oom_falls_back_to_the_use_on_oom_pool() {
         assert_eq!(p.program.requests[q].route, Route::Private((0, 1)), "request {q}");
     }
     let segs = &p.own_outcome.segment_events;
-    assert!(segs.iter().any(|e| e.action == "segment_free" && e.size == 200 << 20), "the spare pool's segment is freed at the end");
+    assert!(segs.iter().any(|e| e.action == allocsim_trace::Action::SegmentFree && e.size == 200 << 20), "the spare pool's segment is freed at the end");
 }
 
 /// CUDA-graph trees restore their pool to a checkpoint before recording a graph for a new shape:

@@ -583,7 +583,7 @@ fn a_dropped_mempool_is_left_to_the_in_memory_pool_search() {
         Streamed::Done(_) => panic!("streamed, but its own replay releases the segments in another order than recorded"),
     }
     let prepared = allocsim_replay::run::Prepared::new_for(&snap, None, None, None, allocsim_replay::TorchVersion::DEFAULT).unwrap();
-    let own: Vec<(&str, u64)> = prepared.own_outcome.segment_events.iter().map(|e| (e.action, e.addr)).collect();
+    let own: Vec<(&str, u64)> = prepared.own_outcome.segment_events.iter().map(|e| (e.action.as_str(), e.addr)).collect();
     assert_eq!(
         own,
         [("segment_alloc", base), ("segment_alloc", base + 2 * MB), ("segment_free", base), ("segment_free", base + 2 * MB), ("segment_alloc", base + 64 * MB)],

@@ -105,7 +105,7 @@ fn check_what_if(base: &Recorded, real: &Recorded) -> Vec<String> {
     let mut real_oom = None;
     for e in &real.snap.device_traces[0] {
         match e.action {
-            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => recorded.push((req, e.action.as_str(), e.size)),
+            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => recorded.push((req, e.action, e.size)),
             Action::Alloc => req += 1,
             Action::Oom => {
                 real_oom.get_or_insert(req);
@@ -117,8 +117,8 @@ fn check_what_if(base: &Recorded, real: &Recorded) -> Vec<String> {
     let sim_oom = replayed.outcome.first_oom();
     let cut = [real_oom, sim_oom].into_iter().flatten().min();
     let keep =
-        |v: Vec<(u32, &'static str, u64)>| -> Vec<(&'static str, u64)> { v.into_iter().filter(|e| cut.is_none_or(|c| e.0 < c)).map(|e| (e.1, e.2)).collect() };
-    let sim: Vec<(u32, &'static str, u64)> = replayed.outcome.segment_events.iter().map(|e| (e.request, e.action, e.size)).collect();
+        |v: Vec<(u32, Action, u64)>| -> Vec<(Action, u64)> { v.into_iter().filter(|e| cut.is_none_or(|c| e.0 < c)).map(|e| (e.1, e.2)).collect() };
+    let sim: Vec<(u32, Action, u64)> = replayed.outcome.segment_events.iter().map(|e| (e.request, e.action, e.size)).collect();
     let mut errors = Vec::new();
     let (a, b) = (keep(recorded), keep(sim));
     if a != b {

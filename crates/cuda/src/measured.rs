@@ -19,12 +19,13 @@ pub enum Call {
 
 impl Call {
     /// The segment event the model records for a successful call (none for reservations).
-    pub fn action(self) -> Option<&'static str> {
+    pub fn action(self) -> Option<allocsim_trace::Action> {
+        use allocsim_trace::Action;
         match self {
-            Call::Malloc => Some("segment_alloc"),
-            Call::Free => Some("segment_free"),
-            Call::Map => Some("segment_map"),
-            Call::Unmap => Some("segment_unmap"),
+            Call::Malloc => Some(Action::SegmentAlloc),
+            Call::Free => Some(Action::SegmentFree),
+            Call::Map => Some(Action::SegmentMap),
+            Call::Unmap => Some(Action::SegmentUnmap),
             Call::Reserve | Call::ReleaseReservation => None,
         }
     }
@@ -194,7 +195,7 @@ pub fn check(events: &[SegmentEvent], log: &[Measurement]) -> Check {
                 c.mismatches.push(Mismatch {
                     event: None,
                     request: None,
-                    action: action.into(),
+                    action: action.as_str().into(),
                     addr: m.addr,
                     size: m.size,
                     expected_delta: 0,
@@ -209,7 +210,7 @@ pub fn check(events: &[SegmentEvent], log: &[Measurement]) -> Check {
             None => c.mismatches.push(Mismatch {
                 event: None,
                 request: None,
-                action: action.into(),
+                action: action.as_str().into(),
                 addr: m.addr,
                 size: m.size,
                 expected_delta: expected,
@@ -219,15 +220,12 @@ pub fn check(events: &[SegmentEvent], log: &[Measurement]) -> Check {
             Some((i, e)) => {
                 c.events_checked += 1;
                 let paired = e.action == action && e.addr == m.addr && e.size == m.size;
-                let delta = match e.action {
-                    "segment_alloc" | "segment_map" => e.size as i64,
-                    _ => -(e.size as i64),
-                };
+                let delta = if e.action.reserves() { e.size as i64 } else { -(e.size as i64) };
                 if !paired || m.delta() != delta {
                     c.mismatches.push(Mismatch {
                         event: Some(i),
                         request: Some(e.request),
-                        action: e.action.into(),
+                        action: e.action.as_str().into(),
                         addr: e.addr,
                         size: e.size,
                         expected_delta: delta,
@@ -242,10 +240,10 @@ pub fn check(events: &[SegmentEvent], log: &[Measurement]) -> Check {
         c.mismatches.push(Mismatch {
             event: Some(i),
             request: Some(e.request),
-            action: e.action.into(),
+            action: e.action.as_str().into(),
             addr: e.addr,
             size: e.size,
-            expected_delta: if matches!(e.action, "segment_alloc" | "segment_map") { e.size as i64 } else { -(e.size as i64) },
+            expected_delta: if e.action.reserves() { e.size as i64 } else { -(e.size as i64) },
             measured_delta: 0,
             note: "segment event with no device call".into(),
         });

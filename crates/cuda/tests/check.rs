@@ -77,8 +77,8 @@ fn a_device_that_rounds_is_caught() {
     let r = run(&snap, &ReplaySpec::default()).unwrap();
     let dev = Rounding(SimDevice::new(r.options.device_memory, r.options.placement.clone()), 0);
     let (o, c) = replay_checked(&r.program, &r.options, dev, &r.outcome.empty_cache);
-    let allocs = o.segment_events.iter().filter(|e| e.action == "segment_alloc").count();
-    let frees = o.segment_events.iter().filter(|e| e.action == "segment_free").count();
+    let allocs = o.segment_events.iter().filter(|e| e.action == allocsim_trace::Action::SegmentAlloc).count();
+    let frees = o.segment_events.iter().filter(|e| e.action == allocsim_trace::Action::SegmentFree).count();
     assert!(allocs > 0 && frees > 0);
     assert_eq!(c.mismatches.len(), allocs + frees);
     let m = &c.mismatches[0];

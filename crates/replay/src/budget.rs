@@ -571,7 +571,7 @@ pub fn infer_device_memory(trace: &[TraceEntry], segments: &[SnapshotSegment], l
 }
 
 /// A recorded segment event: (request, action, address, size).
-pub type RecordedEvent = (u32, &'static str, u64, u64);
+pub type RecordedEvent = (u32, Action, u64, u64);
 
 /// The recorded segment events and the requests recorded as OOMs, in order.
 pub fn recorded_events(trace: &[TraceEntry]) -> (Vec<RecordedEvent>, Vec<u32>) {
@@ -580,7 +580,7 @@ pub fn recorded_events(trace: &[TraceEntry]) -> (Vec<RecordedEvent>, Vec<u32>) {
     let mut req = 0u32;
     for e in trace {
         match e.action {
-            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => events.push((req, e.action.as_str(), e.addr, e.size)),
+            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => events.push((req, e.action, e.addr, e.size)),
             Action::Alloc => req += 1,
             Action::Oom => {
                 ooms.push(req);
@@ -602,7 +602,7 @@ pub fn reproduces(o: &ReplayOutcome, trace: &[TraceEntry]) -> bool {
 /// recorded ones (`events`, `ooms`: as [`recorded_events`] gives them), each at its request. The
 /// one comparison behind `Budget::reproduces`, in memory ([`reproduces`]) and streamed.
 pub fn made_recorded(
-    events: &[(u32, &'static str, u64, u64)],
+    events: &[RecordedEvent],
     ooms: &[u32],
     simulated: &[crate::replay::SegmentEvent],
     simulated_ooms: &[crate::replay::Oom],
@@ -632,12 +632,12 @@ pub fn budget_may_explain_at(simulated: Option<&crate::replay::SegmentEvent>, re
     // Without a maximum the model takes a release run it does not make itself for an
     // `empty_cache()`, which releases every free segment: a maximum changes a release there. A
     // release the replay cannot make at all (the segment is not free in it) is no budget's doing.
-    recorded_ooms || simulated.is_some_and(|b| matches!(b.action, "segment_free" | "segment_unmap"))
+    recorded_ooms || simulated.is_some_and(|b| b.action.releases())
 }
 
 /// Whether a replay's segment event is the recorded one (action, address, size).
 pub fn same_segment_event(recorded: &TraceEntry, simulated: &crate::replay::SegmentEvent) -> bool {
-    (recorded.action.as_str(), recorded.addr, recorded.size) == (simulated.action, simulated.addr, simulated.size)
+    (recorded.action, recorded.addr, recorded.size) == (simulated.action, simulated.addr, simulated.size)
 }
 
 /// The first recorded segment event (action, address, size) a replay's differs from, if any.
@@ -1118,7 +1118,7 @@ struct Refined {
 
 /// What a group of ops (completions and release runs, then a malloc) did, as (action, address,
 /// size) of its segment events and the malloc's address (`None`: out of memory).
-type GroupOutcome = (Vec<(&'static str, u64, u64)>, Option<u64>);
+type GroupOutcome = (Vec<(Action, u64, u64)>, Option<u64>);
 
 /// One trial of a group at one maximum: what it did, and the values at which its comparisons
 /// with the maximum flip.
@@ -1272,7 +1272,7 @@ fn recorded_group(trace: &[TraceEntry], program: &Program, i: usize, m: usize) -
     let mut events = Vec::new();
     for op in &program.ops[i..m] {
         if let Op::ReleaseRun { start, end } = *op {
-            events.extend(trace[start as usize..end as usize].iter().map(|e| (e.action.as_str(), e.addr, e.size)));
+            events.extend(trace[start as usize..end as usize].iter().map(|e| (e.action, e.addr, e.size)));
         }
     }
     let Op::Malloc(q) = program.ops[m] else { unreachable!("a group ends in a malloc") };
@@ -1280,7 +1280,7 @@ fn recorded_group(trace: &[TraceEntry], program: &Program, i: usize, m: usize) -
     let mut new = Vec::new();
     for e in trace[..r.trace_index as usize].iter().rev() {
         match e.action {
-            Action::SegmentAlloc | Action::SegmentMap => new.push((e.action.as_str(), e.addr, e.size)),
+            Action::SegmentAlloc | Action::SegmentMap => new.push((e.action, e.addr, e.size)),
             Action::FreeCompleted => {}
             _ => break,
         }

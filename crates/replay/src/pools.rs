@@ -52,6 +52,7 @@ use allocsim_trace::hash::IntMap;
 use allocsim_trace::{Action, Frame, SnapshotSegment, TraceEntry};
 
 use crate::program::{Op, PoolAction, Program};
+use crate::budget::RecordedEvent;
 use crate::replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, replay};
 
 /// Frames that mark an allocation made by `_cuda_setCheckpointPoolState`.
@@ -422,7 +423,7 @@ fn no_split_shown(p: &Program, inst: &Instances) -> Vec<MempoolId> {
 /// or a segment event), then how many segment events it reproduces before differing, then how
 /// many of that request's segment events it makes in the recorded order (the longest common
 /// subsequence: a release run partly in order), then how many addresses it reproduces.
-fn score(o: &ReplayOutcome, p: &Program, recorded: &[(u32, &'static str, u64, u64)]) -> Score {
+fn score(o: &ReplayOutcome, p: &Program, recorded: &[RecordedEvent]) -> Score {
     let mut first = u32::MAX;
     let mut prefix = recorded.len();
     for (k, r) in recorded.iter().enumerate() {
@@ -454,7 +455,7 @@ fn score(o: &ReplayOutcome, p: &Program, recorded: &[(u32, &'static str, u64, u6
             first = first.min(q as u32);
         }
     }
-    let at = |v: Vec<(u32, &'static str, u64, u64)>| v;
+    let at = |v: Vec<RecordedEvent>| v;
     let rec = at(recorded.iter().filter(|e| e.0 == first).copied().collect());
     let sim = at(o.segment_events.iter().filter(|e| e.request == first).map(|e| (e.request, e.action, e.addr, e.size)).collect());
     // Fewer changes of pool from one request to the next: `use_mem_pool` and captures route
@@ -950,7 +951,7 @@ fn step(
     o: &ReplayOutcome,
     best: Score,
     inst: &Instances,
-    recorded: &[(u32, &'static str, u64, u64)],
+    recorded: &[RecordedEvent],
     run: &impl Fn(&Plan) -> (Program, ReplayOutcome, Score),
     trials: &mut usize,
     max_trials: usize,
@@ -988,7 +989,7 @@ fn step(
 }
 
 /// The segments worth relabelling at a divergence at request `d`.
-fn candidates(inst: &Instances, o: &ReplayOutcome, p: &Program, recorded: &[(u32, &'static str, u64, u64)], d: u32) -> Vec<u32> {
+fn candidates(inst: &Instances, o: &ReplayOutcome, p: &Program, recorded: &[RecordedEvent], d: u32) -> Vec<u32> {
     let mut c: Vec<u32> = Vec::new();
     let mut add = |i: Option<u32>| {
         if let Some(i) = i
@@ -1001,8 +1002,8 @@ fn candidates(inst: &Instances, o: &ReplayOutcome, p: &Program, recorded: &[(u32
     // (`created == q`) or released (`released == q`).
     let holding =
         |addr: u64, q: u32| inst.all.iter().enumerate().find(|(_, s)| s.created <= q && s.released > q && addr >= s.lo && addr < s.hi).map(|(i, _)| i as u32);
-    let event_of = |action: &str, addr: u64, q: u32| {
-        let made = matches!(action, "segment_alloc" | "segment_map");
+    let event_of = |action: Action, addr: u64, q: u32| {
+        let made = action.reserves();
         inst.all
             .iter()
             .enumerate()

@@ -59,7 +59,8 @@ pub enum EmptyCacheCalls<'a> {
 /// A segment event the model produced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct SegmentEvent {
-    pub action: &'static str,
+    /// `SegmentAlloc`, `SegmentFree`, `SegmentMap` or `SegmentUnmap`.
+    pub action: Action,
     pub addr: u64,
     pub size: u64,
     pub stream: u64,
@@ -109,7 +110,7 @@ impl<D: Device> ReplayOutcome<D> {
     pub fn peak_reserved_request(&self) -> Option<u32> {
         let (mut cur, mut best, mut at) = (0i64, 0i64, None);
         for e in &self.segment_events {
-            cur += if matches!(e.action, "segment_alloc" | "segment_map") { e.size as i64 } else { -(e.size as i64) };
+            cur += if e.action.reserves() { e.size as i64 } else { -(e.size as i64) };
             if cur > best {
                 best = cur;
                 at = Some(e.request);
@@ -119,13 +120,13 @@ impl<D: Device> ReplayOutcome<D> {
     }
 }
 
-fn action_name(k: EventKind) -> &'static str {
+fn action_of(k: EventKind) -> Action {
     match k {
-        EventKind::SegmentAlloc => "segment_alloc",
-        EventKind::SegmentFree => "segment_free",
-        EventKind::SegmentMap => "segment_map",
-        EventKind::SegmentUnmap => "segment_unmap",
-        EventKind::Oom => "oom",
+        EventKind::SegmentAlloc => Action::SegmentAlloc,
+        EventKind::SegmentFree => Action::SegmentFree,
+        EventKind::SegmentMap => Action::SegmentMap,
+        EventKind::SegmentUnmap => Action::SegmentUnmap,
+        EventKind::Oom => Action::Oom,
     }
 }
 
@@ -489,7 +490,7 @@ fn drain<D: Device>(alloc: &mut CachingAllocator<D>, out: &mut Vec<SegmentEvent>
     for e in alloc.events.drain(..) {
         if e.kind != EventKind::Oom {
             let small = alloc.pools[e.pool as usize].is_small;
-            out.push(SegmentEvent { action: action_name(e.kind), addr: e.addr, size: e.size, stream: e.stream, request, small });
+            out.push(SegmentEvent { action: action_of(e.kind), addr: e.addr, size: e.size, stream: e.stream, request, small });
         }
     }
 }

@@ -53,6 +53,7 @@ use crate::program::{Built, MidHistory, Op, ProgramBuilder, Request};
 use crate::replay::{Ahead, Inference, MapSlots, ReplayOptions, Stepper, recorded_device_calls, recorded_placement_from};
 use crate::restore::EmptyStart;
 use crate::run::{ReplaySpec, ReplaySummary, RunError, same_settings};
+use crate::budget::RecordedEvent;
 
 /// What a stream's replay needs before its entries.
 #[derive(Clone, Copy, Debug)]
@@ -804,7 +805,7 @@ struct DeviceStream<'a> {
     reserved_before_oom: IntMap<u32, u64>,
     /// The recorded segment events and OOMs, each at its request ordinal (as
     /// [`crate::budget::recorded_events`] gives them), for `Budget::reproduces`.
-    recorded_events: Vec<(u32, &'static str, u64, u64)>,
+    recorded_events: Vec<RecordedEvent>,
     recorded_ooms: Vec<u32>,
     recorded_requests: u32,
     builder: ProgramBuilder,
@@ -983,7 +984,7 @@ impl<'a> DeviceStream<'a> {
                 self.recorded_requests += 1;
             }
             Action::Alloc => self.recorded_requests += 1,
-            a if a.is_segment_event() => self.recorded_events.push((self.recorded_requests, a.as_str(), e.addr, e.size)),
+            a if a.is_segment_event() => self.recorded_events.push((self.recorded_requests, a, e.addr, e.size)),
             _ => {}
         }
         self.recorded.push(&e, self.device_memory);

@@ -5,6 +5,7 @@
 use allocsim_trace::BlockState;
 
 use crate::run::Replayed;
+use crate::budget::RecordedEvent;
 
 /// How much of one kind of recorded fact the replay reproduced.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -42,7 +43,7 @@ pub fn validate(r: &Replayed) -> Validation {
     let o = &r.outcome;
     let (recorded, recorded_ooms) = crate::budget::recorded_events(&r.trace);
     let sim: Vec<_> = o.segment_events.iter().map(|e| (e.request, e.action, e.addr, e.size)).collect();
-    let show = |x: Option<&(u32, &str, u64, u64)>| x.map_or("nothing".to_string(), |x| format!("{} of {} bytes at {:#x} (request {})", x.1, x.3, x.2, x.0));
+    let show = |x: Option<&RecordedEvent>| x.map_or("nothing".to_string(), |x| format!("{} of {} bytes at {:#x} (request {})", x.1, x.3, x.2, x.0));
     let matched = recorded.iter().zip(&sim).take_while(|(a, b)| a == b).count();
     let segment_events = Agreement {
         recorded: recorded.len(),

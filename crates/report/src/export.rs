@@ -66,7 +66,7 @@ pub fn simulated_snapshot(prepared: &Prepared, config: &AllocatorConfig, capacit
         }
         let end = events_after.get(oi).copied().unwrap_or(ev);
         for e in &outcome.segment_events[ev..end] {
-            let action = Action::parse(e.action).expect("segment action");
+            let action = e.action;
             trace.push(entry(action, e.addr, e.size, e.stream, time, 0, meta));
         }
         ev = end;

@@ -341,7 +341,7 @@ pub fn replay_step_on(
     let (allocated_after, reserved_after) = stats(st);
     let (mut new_segments, mut new_segment_bytes) = (0u32, 0u64);
     for e in &st.segment_events()[events_before..] {
-        if matches!(e.action, "segment_alloc" | "segment_map") {
+        if e.action.reserves() {
             new_segments += 1;
             new_segment_bytes += e.size;
         }

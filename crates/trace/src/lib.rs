@@ -54,6 +54,17 @@ impl Action {
         matches!(self, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
     }
 
+    /// A segment event that adds reserved memory: `segment_alloc` (a cudaMalloc) or
+    /// `segment_map` (pages mapped into an expandable segment).
+    pub fn reserves(self) -> bool {
+        matches!(self, Action::SegmentAlloc | Action::SegmentMap)
+    }
+
+    /// A segment event that gives reserved memory back: `segment_free` or `segment_unmap`.
+    pub fn releases(self) -> bool {
+        matches!(self, Action::SegmentFree | Action::SegmentUnmap)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Action::Alloc => "alloc",
@@ -82,6 +93,19 @@ impl Action {
             "annotate" => Action::Annotate,
             _ => return None,
         })
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// As the trace names it (`"segment_alloc"`, …).
+impl serde::Serialize for Action {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 

@@ -22,10 +22,10 @@ pub fn device_call_us(events: &[SegmentEvent], large_page: u64) -> f64 {
             let page = if e.small { 2 << 20 } else { large_page };
             let pages = e.size.div_ceil(page) as f64;
             match e.action {
-                "segment_alloc" => CUDA_MALLOC_US,
-                "segment_free" => CUDA_FREE_US,
-                "segment_map" => MAP_PER_PAGE_US * pages,
-                "segment_unmap" => UNMAP_PER_PAGE_US * pages,
+                allocsim_trace::Action::SegmentAlloc => CUDA_MALLOC_US,
+                allocsim_trace::Action::SegmentFree => CUDA_FREE_US,
+                allocsim_trace::Action::SegmentMap => MAP_PER_PAGE_US * pages,
+                allocsim_trace::Action::SegmentUnmap => UNMAP_PER_PAGE_US * pages,
                 _ => 0.0,
             }
         })

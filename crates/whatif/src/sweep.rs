@@ -283,8 +283,8 @@ pub fn sweep_with(prepared: &Prepared, points: &[GridPoint], limits: &Limits, pl
                         .segment_events
                         .iter()
                         .map(|e| match e.action {
-                            "segment_alloc" => Some((true, e.addr, e.size)),
-                            "segment_free" => Some((false, e.addr, e.size)),
+                            allocsim_trace::Action::SegmentAlloc => Some((true, e.addr, e.size)),
+                            allocsim_trace::Action::SegmentFree => Some((false, e.addr, e.size)),
                             _ => None,
                         })
                         .collect::<Option<Vec<_>>>()
