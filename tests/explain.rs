@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use allocsim_model::AllocatorConfig;
-use allocsim_replay::Prepared;
 use allocsim_model::format::format_size;
+use allocsim_replay::Prepared;
 use allocsim_report::explain::{At, CANDIDATES, explain, verdict_lines};
 use allocsim_trace::read_trace;
 

@@ -62,7 +62,12 @@ fn allocator_tests_replay_exactly() {
 /// validate has nothing to check and says so (exit status 3), not "exact".
 #[test]
 fn snapshots_without_history_have_nothing_to_validate() {
-    for name in ["test_mempool_multithread__default", "test_mempool_multithread__expandable", "test_mempool_with_allocator__default", "test_mempool_with_allocator__expandable"] {
+    for name in [
+        "test_mempool_multithread__default",
+        "test_mempool_multithread__expandable",
+        "test_mempool_with_allocator__default",
+        "test_mempool_with_allocator__expandable",
+    ] {
         let path = format!("traces/field/test_cuda/{name}.pickle.gz");
         let o = run(&["validate", &path]);
         let text = String::from_utf8_lossy(&o.stdout);

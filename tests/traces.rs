@@ -116,8 +116,7 @@ fn check_what_if(base: &Recorded, real: &Recorded) -> Vec<String> {
     }
     let sim_oom = replayed.outcome.first_oom();
     let cut = [real_oom, sim_oom].into_iter().flatten().min();
-    let keep =
-        |v: Vec<(u32, Action, u64)>| -> Vec<(Action, u64)> { v.into_iter().filter(|e| cut.is_none_or(|c| e.0 < c)).map(|e| (e.1, e.2)).collect() };
+    let keep = |v: Vec<(u32, Action, u64)>| -> Vec<(Action, u64)> { v.into_iter().filter(|e| cut.is_none_or(|c| e.0 < c)).map(|e| (e.1, e.2)).collect() };
     let sim: Vec<(u32, Action, u64)> = replayed.outcome.segment_events.iter().map(|e| (e.request, e.action, e.size)).collect();
     let mut errors = Vec::new();
     let (a, b) = (keep(recorded), keep(sim));

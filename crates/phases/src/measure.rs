@@ -215,8 +215,7 @@ pub fn measure(prepared: &Prepared, layout: &Layout, config: &AllocatorConfig, c
     };
     let time_of = |q: u32| prepared.trace.get(program.requests[q as usize].trace_index as usize).map(|e| e.time_us);
     // Segment growth and OOMs by request, for counting per request range.
-    let grow: Vec<(u32, u64)> =
-        outcome.segment_events.iter().filter(|e| e.action.reserves()).map(|e| (e.request, e.size)).collect();
+    let grow: Vec<(u32, u64)> = outcome.segment_events.iter().filter(|e| e.action.reserves()).map(|e| (e.request, e.size)).collect();
     let ooms: Vec<u32> = outcome.ooms.iter().map(|o| o.request).collect();
     let peaks = |w: &Window, s: &Span| -> Peaks {
         let g = &grow[grow.partition_point(|g| g.0 < s.request_start)..grow.partition_point(|g| g.0 < s.request_end)];

@@ -601,12 +601,7 @@ pub fn reproduces(o: &ReplayOutcome, trace: &[TraceEntry]) -> bool {
 /// Whether a replay's segment events and OOMs (`simulated`, `simulated_ooms`) are exactly the
 /// recorded ones (`events`, `ooms`: as [`recorded_events`] gives them), each at its request. The
 /// one comparison behind `Budget::reproduces`, in memory ([`reproduces`]) and streamed.
-pub fn made_recorded(
-    events: &[RecordedEvent],
-    ooms: &[u32],
-    simulated: &[crate::replay::SegmentEvent],
-    simulated_ooms: &[crate::replay::Oom],
-) -> bool {
+pub fn made_recorded(events: &[RecordedEvent], ooms: &[u32], simulated: &[crate::replay::SegmentEvent], simulated_ooms: &[crate::replay::Oom]) -> bool {
     events.len() == simulated.len()
         && events.iter().zip(simulated).all(|(a, b)| *a == (b.request, b.action, b.addr, b.size))
         && ooms.len() == simulated_ooms.len()

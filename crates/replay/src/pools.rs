@@ -51,8 +51,8 @@ use allocsim_model::constants::K_SMALL_SIZE;
 use allocsim_trace::hash::IntMap;
 use allocsim_trace::{Action, Frame, SnapshotSegment, TraceEntry};
 
-use crate::program::{Op, PoolAction, Program};
 use crate::budget::RecordedEvent;
+use crate::program::{Op, PoolAction, Program};
 use crate::replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, replay};
 
 /// Frames that mark an allocation made by `_cuda_setCheckpointPoolState`.

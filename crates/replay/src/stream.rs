@@ -47,13 +47,13 @@ use allocsim_model::{AllocatorConfig, SimDevice};
 use allocsim_trace::hash::IntMap;
 use allocsim_trace::{Action, RecordedSettings, Snapshot, SnapshotSegment, TraceEntry};
 
+use crate::budget::RecordedEvent;
 use crate::check::{LiveBlocks, TraceCheckError, check_entry, check_segment_devices, check_segments};
 use crate::oom::{RecordedMemory, device_free_with};
 use crate::program::{Built, MidHistory, Op, ProgramBuilder, Request};
 use crate::replay::{Ahead, Inference, MapSlots, ReplayOptions, Stepper, recorded_device_calls, recorded_placement_from};
 use crate::restore::EmptyStart;
 use crate::run::{ReplaySpec, ReplaySummary, RunError, same_settings};
-use crate::budget::RecordedEvent;
 
 /// What a stream's replay needs before its entries.
 #[derive(Clone, Copy, Debug)]

@@ -4,8 +4,8 @@
 
 use allocsim_trace::BlockState;
 
-use crate::run::Replayed;
 use crate::budget::RecordedEvent;
+use crate::run::Replayed;
 
 /// How much of one kind of recorded fact the replay reproduced.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
