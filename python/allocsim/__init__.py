@@ -24,6 +24,7 @@ from . import _allocsim
 from ._allocsim import ConfigError, Error, TraceError, parse_size
 from ._results import (
     Answer,
+    CompareResult,
     Explanation,
     FitResult,
     GraphsResult,
@@ -54,6 +55,7 @@ __all__ = [
     "PhasesResult",
     "ScaleResult",
     "RanksResult",
+    "CompareResult",
     "fleet",
 ]
 
@@ -513,6 +515,37 @@ class Snapshot:
             _size(trace_capacity, "trace_capacity"),
         )
         return PhasesResult(*r)
+
+    def compare(
+        self,
+        other: Optional["Snapshot"] = None,
+        *,
+        config: Optional[str] = None,
+        config_b: Optional[str] = None,
+        capacity: Size = None,
+        top: int = 10,
+        device: Optional[int] = None,
+        device_memory: Size = None,
+        trace_capacity: Size = None,
+    ) -> CompareResult:
+        """``allocsim compare``: with ``other``, this recorded run against another of the same
+        requests, each as recorded (``allocsim compare A B``); without, this trace's requests
+        replayed under ``config`` (side A) and ``config_b`` (side B), each the trace's own
+        settings where not given (``allocsim compare A --config X --config-b Y``). For many
+        files as the ranks of one job, see :func:`allocsim.fleet.compare`."""
+        if other is not None and not isinstance(other, Snapshot):
+            raise TypeError(f"compare: other must be a Snapshot (allocsim.load), not {type(other).__name__}")
+        r = self._s.compare(
+            None if other is None else other._s,
+            config,
+            config_b,
+            _size(capacity, "capacity"),
+            top,
+            device,
+            _size(device_memory, "device_memory"),
+            _size(trace_capacity, "trace_capacity"),
+        )
+        return CompareResult(*r)
 
     def report(
         self,

@@ -158,6 +158,23 @@ class GraphsResult(Answer):
         return self._data()["prediction"]["peak_reserved"]
 
 
+class CompareResult(Answer):
+    """``allocsim compare`` of two runs of the same requests."""
+
+    __slots__ = ()
+
+    @property
+    def peak_reserved(self) -> List[int]:
+        """Peak reserved bytes of side A and side B."""
+        return self._data()["peak_reserved"]
+
+    @property
+    def first_divergence(self) -> Optional[List[int]]:
+        """``[request, reserved A, reserved B]`` after the first request where reserved memory
+        differs, or None."""
+        return self._data()["first_divergence"]
+
+
 class PhasesResult(Answer):
     """``allocsim phases``."""
 

@@ -52,6 +52,10 @@ impl Snapshot {
     fn trace(&self) -> Trace<'_> {
         Trace { name: &self.name, snapshot: &self.snap }
     }
+    /// The snapshot and its name, shared (for a command that takes two snapshots).
+    fn trace_owned(&self) -> (Arc<allocsim_trace::Snapshot>, String) {
+        (self.snap.clone(), self.name.clone())
+    }
 }
 
 fn trace_options(device: Option<usize>, device_memory: Option<u64>, trace_capacity: Option<u64>) -> TraceOptions {
@@ -264,6 +268,33 @@ impl Snapshot {
         py.detach(|| allocsim_commands::phases::phases(self.trace(), &o).map(|a| render(&a))).map_err(py_err)
     }
 
+    /// `allocsim compare`: with `other`, this recorded run against another of the same requests,
+    /// each as recorded; without, this trace's requests replayed under `config` (side A) and
+    /// `config_b` (side B), each the trace's own settings where not given.
+    #[pyo3(signature = (other = None, config = None, config_b = None, capacity = None, top = 10, device = None, device_memory = None, trace_capacity = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn compare(
+        &self,
+        py: Python<'_>,
+        other: Option<Py<Snapshot>>,
+        config: Option<String>,
+        config_b: Option<String>,
+        capacity: Option<u64>,
+        top: usize,
+        device: Option<usize>,
+        device_memory: Option<u64>,
+        trace_capacity: Option<u64>,
+    ) -> PyResult<Rendered> {
+        use allocsim_commands::compare::{CompareOptions, compare_configs, compare_recorded};
+        let other = other.map(|o| o.get().trace_owned());
+        let o = CompareOptions { trace: trace_options(device, device_memory, trace_capacity), config, config_b, capacity, top };
+        py.detach(|| match &other {
+            Some((snap, name)) => compare_recorded(self.trace(), Trace { name, snapshot: snap }, device, top).map(|a| render(&a)),
+            None => compare_configs(self.trace(), &o).map(|a| render(&a)),
+        })
+        .map_err(py_err)
+    }
+
     /// Writes the HTML report to `path` (and the plots into `svg_dir`); returns the page's size.
     #[pyo3(signature = (path, configs = Vec::new(), capacity = None, svg_dir = None, device = None, device_memory = None, trace_capacity = None))]
     #[allow(clippy::too_many_arguments)]
@@ -385,7 +416,7 @@ fn rank_paths(args: Vec<PathBuf>) -> PyResult<Vec<String>> {
 #[pyfunction]
 #[pyo3(signature = (config = None, spike = 1.1))]
 fn rank_check(config: Option<String>, spike: f64) -> PyResult<()> {
-    allocsim::compare_cmd::rank_spec(config, None, None, None, None, spike).map(|_| ()).map_err(py_err)
+    allocsim_commands::compare::rank_spec(config, None, None, None, None, spike).map(|_| ()).map_err(py_err)
 }
 
 /// One file of a ranks comparison, read and replayed (`allocsim_phases::ranks::summarize_rank`):
@@ -423,7 +454,7 @@ fn rank_summary(
 #[pyo3(signature = (summaries, spike = 1.1))]
 fn rank_reduce(py: Python<'_>, summaries: Vec<Bound<'_, PyAny>>, spike: f64) -> PyResult<(String, String, i32, Option<String>)> {
     use allocsim_phases::ranks::{RankSummary, reduce_ranks};
-    let spec = allocsim::compare_cmd::rank_spec(None, None, None, None, None, spike).map_err(py_err)?;
+    let spec = allocsim_commands::compare::rank_spec(None, None, None, None, None, spike).map_err(py_err)?;
     enum Item {
         Json(String),
         Failed(String, String),
@@ -448,10 +479,10 @@ fn rank_reduce(py: Python<'_>, summaries: Vec<Bound<'_, PyAny>>, spike: f64) -> 
         }
         let k = reduce_ranks(parsed, &spec);
         let (mut text, mut json) = (Vec::new(), Vec::new());
-        allocsim::compare_cmd::write_ranks(&mut text, &k).map_err(|e| PyOSError::new_err(e.to_string()))?;
+        allocsim_commands::compare::write_ranks(&mut text, &k).map_err(|e| PyOSError::new_err(e.to_string()))?;
         allocsim_commands::write_json(&mut json, &k).map_err(|e| PyOSError::new_err(e.to_string()))?;
         json.pop(); // the newline, as every answer's JSON is kept
-        let failure = allocsim::compare_cmd::ranks_failure(&k);
+        let failure = allocsim_commands::compare::ranks_failure(&k);
         let code = if failure.is_some() { 2 } else { 0 };
         Ok((String::from_utf8(text).expect("UTF-8"), String::from_utf8(json).expect("UTF-8"), code, failure))
     })

@@ -353,3 +353,23 @@ def test_scale_finds_the_largest_length_under_the_cap():
     assert 512 <= r.largest_value < 4096
     r2 = allocsim.load(trace(name)).scale("seq", values=values, after=s_oom - 1, largest_under="6GiB")
     assert r2.largest_value == r.largest_value
+
+
+def test_compare_two_recorded_runs_and_two_configs_like_the_command_line():
+    a_rel, b_rel = FRAG_REL, "traces/frag__expandable__2048M.pickle.gz"
+    a, b = allocsim.load(a_rel), allocsim.load(b_rel)
+    c = a.compare(b)
+    assert c.to_dict() == json.loads(cli("compare", a_rel, b_rel, "--json").stdout)
+    assert str(c) + "\n" == cli("compare", a_rel, b_rel).stdout
+    # Each side as recorded: the peaks PyTorch's memory_stats() gave each run.
+    recorded = [meta(os.path.basename(r))["memory_stats"]["reserved_bytes.all.peak"] for r in (a_rel, b_rel)]
+    assert c.peak_reserved == recorded
+    # One trace under two settings: its own (A) and expandable segments (B).
+    d = a.compare(config_b="expandable_segments:True", capacity="2000MiB")
+    args = ("compare", a_rel, "--config-b", "expandable_segments:True", "--capacity", "2000MiB", "--json")
+    assert d.to_dict() == json.loads(cli(*args).stdout)
+    assert d.peak_reserved[0] == recorded[0]
+    with pytest.raises(allocsim.ConfigError):
+        a.compare(config="max_split_size_mb:1")
+    with pytest.raises(TypeError):
+        a.compare(a_rel)

@@ -1,5 +1,5 @@
 //! allocsim's commands on a snapshot already in memory: `replay`, `validate`, `explain`,
-//! `sweep`, `fit`, `phases`, `graphs`, `scale` and `report`. Each takes a [`Trace`] (a decoded snapshot and the name
+//! `sweep`, `fit`, `phases`, `graphs`, `scale`, `report` and `compare`. Each takes a [`Trace`] (a decoded snapshot and the name
 //! its text calls it by) and plain options, and returns an answer that renders as the text the
 //! command line prints ([`Answer::write_text`]) and as the object its `--json` prints
 //! ([`Answer::to_json`]). The command line (`src/`) parses arguments and reads files into these;
@@ -11,6 +11,7 @@ use std::io::{self, Write};
 use allocsim_trace::Snapshot;
 use serde_json::Value;
 
+pub mod compare;
 pub mod error;
 pub mod explain;
 pub mod file;
