@@ -458,8 +458,58 @@ fn reservation_base_before_history(cluster: &[(u64, u64, Option<usize>, bool)]) 
 /// The device's total memory as far as the trace shows it. `segments`: the snapshot's final
 /// segments of this device; `large_segment_size`: the large pool's expandable page size
 /// (`large_segment_size_mb`).
+///
+/// Two readings, in this order: the segment events and final segments (what the allocator
+/// reserved, and the spacing of expandable segments' reservations: [`memory_from_segments`]),
+/// then the OOM entries, which can only raise it: an OOM records what the device had free
+/// (`device_free`, from `cudaMemGetInfo`), and the device holds at least that plus what the
+/// allocator had reserved then ([`OomBound`]). A stream that reads the segment events first
+/// makes the first reading before the replay and checks each OOM entry against it as it comes
+/// (`crate::stream`), so every road gives this answer.
 pub fn infer_device_memory(trace: &[TraceEntry], segments: &[SnapshotSegment], large_segment_size: u64) -> DeviceMemory {
-    // A lower bound: what the allocator reserved plus what the device had free at an OOM.
+    let mut oom = OomBound::default();
+    trace.iter().for_each(|e| oom.push(e));
+    raised_by_ooms(memory_from_segments(trace, segments, large_segment_size), oom.lower)
+}
+
+/// The least device memory the OOM entries so far show: at each, what the allocator had reserved
+/// (from the segment events before it) plus what the device had free.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OomBound {
+    reserved: i64,
+    pub lower: u64,
+}
+
+impl OomBound {
+    pub fn push(&mut self, e: &TraceEntry) {
+        if e.action.reserves() {
+            self.reserved = self.reserved.saturating_add(e.size as i64);
+        } else if e.action.releases() {
+            self.reserved = self.reserved.saturating_sub(e.size as i64);
+        } else if e.action == Action::Oom {
+            self.lower = self.lower.max((self.reserved.max(0) as u64).saturating_add(e.addr));
+        }
+    }
+}
+
+/// `memory` as the segment events show it, raised to what an OOM entry shows where that is more.
+pub fn raised_by_ooms(memory: DeviceMemory, oom_lower: u64) -> DeviceMemory {
+    if oom_lower <= memory.bytes {
+        return memory;
+    }
+    let hi = memory.range.map_or(u64::MAX, |r| r.1).max(oom_lower);
+    let note = if oom_lower > H200_TOTAL_MEMORY {
+        "at least what an OOM entry shows (reserved + free); more than an H200 has".to_string()
+    } else {
+        "at least what an OOM entry shows (reserved + free)".to_string()
+    };
+    DeviceMemory { bytes: oom_lower, source: DeviceMemorySource::Inferred, range: Some((oom_lower, hi)), note }
+}
+
+/// The device's total memory as the segment events and final segments show it (the OOM entries
+/// aside: [`infer_device_memory`]).
+fn memory_from_segments(trace: &[TraceEntry], segments: &[SnapshotSegment], large_segment_size: u64) -> DeviceMemory {
+    // A lower bound: the most the allocator reserved.
     let mut reserved = 0i64;
     let mut lower = 0u64;
     // Addresses the expandable segments touched: (address, size, trace order or None for a final
@@ -479,7 +529,6 @@ pub fn infer_device_memory(trace: &[TraceEntry], segments: &[SnapshotSegment], l
                     touched.push((e.addr, e.size, Some(i), false));
                 }
             }
-            Action::Oom => lower = lower.max((reserved.max(0) as u64).saturating_add(e.addr)),
             _ => {}
         }
         lower = lower.max(reserved.max(0) as u64);
@@ -491,7 +540,7 @@ pub fn infer_device_memory(trace: &[TraceEntry], segments: &[SnapshotSegment], l
                 bytes: lower,
                 source: DeviceMemorySource::Inferred,
                 range: Some((lower, u64::MAX)),
-                note: "at least what an OOM entry shows (reserved + free); more than an H200 has".into(),
+                note: "at least what the allocator reserved; more than an H200 has".into(),
             }
         } else {
             DeviceMemory { bytes: H200_TOTAL_MEMORY, source: DeviceMemorySource::Default, range: None, note: "an H200 assumed".into() }

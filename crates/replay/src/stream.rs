@@ -777,6 +777,10 @@ struct Speculating {
 struct DeviceStream<'a> {
     device: usize,
     device_memory: u64,
+    /// `--device-memory` given: no OOM entry can change it.
+    memory_given: bool,
+    /// What the OOM entries so far show of the device's memory.
+    oom_bound: crate::budget::OomBound,
     budget: crate::budget::Budget,
     own_settings: bool,
     options: ReplayOptions,
@@ -895,6 +899,8 @@ impl<'a> DeviceStream<'a> {
         DeviceStream {
             device,
             device_memory,
+            memory_given: ctx.spec.device_memory.is_some(),
+            oom_bound: crate::budget::OomBound::default(),
             budget,
             own_settings: ctx.own_settings,
             options,
@@ -977,6 +983,15 @@ impl<'a> DeviceStream<'a> {
             ));
         }
         self.empty_start.push(&e);
+        self.oom_bound.push(&e);
+        if !self.memory_given && self.oom_bound.lower > self.device_memory {
+            // The device memory read from the segment events, raised by this OOM
+            // (`budget::infer_device_memory`): the whole trace is needed for it.
+            return Err(format!(
+                "device {}'s OOM entry {index} shows more device memory than assumed ({} reserved and free, {} assumed)",
+                self.device, self.oom_bound.lower, self.device_memory
+            ));
+        }
         match e.action {
             Action::Oom => {
                 self.reserved_before_oom.insert(index as u32, self.recorded.reserved());

@@ -17,7 +17,8 @@ use allocsim_replay::oom::device_free_estimate;
 use allocsim_replay::{Op, Prepared, replay_observed};
 use allocsim_trace::{Action, BlockState, RecordedSettings, Snapshot, SnapshotBlock, SnapshotSegment, TraceEntry};
 
-fn settings(config: &AllocatorConfig) -> RecordedSettings {
+/// `allocator_settings` as torch 2.11 records `config` (what a run under it would write).
+pub fn recorded_settings(config: &AllocatorConfig) -> RecordedSettings {
     let mut rpd = Vec::new();
     for (i, &d) in config.roundup_power2_divisions.iter().enumerate() {
         rpd.push((1u64 << i, d));
@@ -147,7 +148,7 @@ pub fn simulated_snapshot(prepared: &Prepared, config: &AllocatorConfig, capacit
     Snapshot {
         segments,
         device_traces,
-        settings: settings(config),
+        settings: recorded_settings(config),
         stacks: prepared.stacks.clone(),
         annotations: prepared.annotations.clone(),
         entry_metas: prepared.entry_metas.clone(),
