@@ -15,7 +15,9 @@
 //! `empty_cache()`-free retries, its settings in `allocator_settings`), or the generated entries
 //! labelled with settings they were not made under (a trace its own settings do not reproduce:
 //! the budget inference and the fallbacks run). The questions: the trace's own settings or
-//! another config, with or without an allowed maximum.
+//! another config, with or without an allowed maximum. On the trace's own question the commands
+//! agree too: `replay`, `compare`, `explain --at peak` and `validate` give one peak reserved and
+//! one device memory.
 
 mod common;
 
@@ -115,6 +117,9 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     for ext in ["pickle", "pickle.gz", "jsonl"] {
         let f = TempFile::new(&format!("road-{tag}.{ext}"));
         write_trace(&snap, &f.0).unwrap();
+        if ext == "pickle.gz" && c.ask.is_none() && c.ask_cap_percent.is_none() {
+            commands_agree(&f, c)?;
+        }
         let reference = answer(ReplayFile { in_memory: true, ..ReplayFile::new(&f.0) }, &options);
         match &reference {
             Ok((_, j)) => {
@@ -132,6 +137,29 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
             let got = answer(rf, &options);
             prop_assert_eq!(&got, &reference, "{:?}: .{} by {} differs from --in-memory", c, ext, road);
         }
+    }
+    Ok(())
+}
+
+/// On the trace's own question, `replay`, `compare A A` (replayed under its own settings, side
+/// A), `explain --at peak` and `validate` give one peak reserved and one device memory; a
+/// recording the replay reproduces gives `compare`'s recorded sides that peak too.
+fn commands_agree(f: &TempFile, c: &Case) -> Result<(), TestCaseError> {
+    let u = |v: &serde_json::Value, what: &str| v.as_u64().unwrap_or_else(|| panic!("{c:?}: {what}: {v}"));
+    let replay = common::json(&["replay", "--json", f.arg()]);
+    let v = common::run(&["validate", "--json", f.arg()]);
+    prop_assert!(matches!(v.status.code(), Some(0 | 1)), "{:?}: validate exited {:?}", c, v.status.code());
+    let validate: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
+    let explain = common::json(&["explain", "--at", "peak", "--json", f.arg()]);
+    let compare = common::json(&["compare", "--json", f.arg(), "--config-b", CONFS[c.recorded]]);
+    let peak = u(&replay["stats"]["reserved_bytes.all.peak"], "replay");
+    prop_assert_eq!(u(&compare["peak_reserved"][0], "compare"), peak, "{:?}: compare's peak", c);
+    prop_assert_eq!(u(&explain["free"]["reserved"], "explain"), peak, "{:?}: explain --at peak's peak", c);
+    let dm = [&replay, &validate, &explain].map(|j| u(&j["budget"]["device_memory"], "device memory"));
+    prop_assert!(dm.iter().all(|&d| d == dm[0]), "{:?}: device memory (replay, validate, explain) {:?}", c, dm);
+    if v.status.code() == Some(0) {
+        let recorded = common::json(&["compare", "--json", f.arg(), f.arg()]);
+        prop_assert_eq!(u(&recorded["peak_reserved"][0], "compare A A"), peak, "{:?}: the recorded peak", c);
     }
     Ok(())
 }
