@@ -183,3 +183,39 @@ def test_a_summary_is_small_and_crosses_as_json():
     assert len(s.encode()) < 2048
     with open(os.path.join(ROOT, RANK_FILES[1]), "rb") as f:
         assert allocsim._allocsim.rank_summary(f.read(), "rank1") == s
+
+
+def test_a_worker_that_dies_on_a_file_is_that_files_row_and_the_pool_goes_on(tmp_path, monkeypatch):
+    # The local pool's workers are `python -m allocsim.fleet._worker` processes. A
+    # `sitecustomize` on their PYTHONPATH makes each one die (os._exit(7)) when it is handed the
+    # file named "crash.pickle.gz", as a worker killed by the OOM killer or a segfault would.
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('ALLOCSIM_TEST_DIE_ON'):\n"
+        "    import allocsim.fleet as f\n"
+        "    real = f.summarize\n"
+        "    def summarize(name, *a, **k):\n"
+        "        if os.path.basename(name) == os.environ['ALLOCSIM_TEST_DIE_ON']:\n"
+        "            os._exit(7)\n"
+        "        return real(name, *a, **k)\n"
+        "    f.summarize = summarize\n"
+    )
+    job = tmp_path / "job"
+    job.mkdir()
+    for f in RANK_FILES:
+        shutil.copy(os.path.join(ROOT, f), job / os.path.basename(f))
+    shutil.copy(os.path.join(ROOT, RANK_FILES[0]), job / "crash.pickle.gz")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("ALLOCSIM_TEST_DIE_ON", "crash.pickle.gz")
+    # One worker: it dies on the first file (crash sorts first) and a new one reads the rest.
+    r = allocsim.fleet.compare(str(job), workers=1, progress=False)
+    rows = {os.path.basename(row["file"]): row for row in r.rows}
+    assert list(rows) == ["crash.pickle.gz", "rank0.pickle.gz", "rank1.pickle.gz"]
+    assert rows["crash.pickle.gz"]["error"].endswith("the process reading it ended (exit status 7) before it answered")
+    assert r.exit_code == 2 and r.error.startswith("1 of 3 files could not be compared")
+    whole = {os.path.basename(row["file"]): row for row in allocsim.fleet.compare(RANKS, progress=False).rows}
+    for f in ("rank0.pickle.gz", "rank1.pickle.gz"):
+        assert rows[f]["error"] is None
+        assert rows[f]["peak_reserved"] == whole[f]["peak_reserved"] > 0
