@@ -14,7 +14,8 @@
 //! the snapshot that run would record (`allocsim_report::export::simulated_snapshot`: its OOMs, its
 //! `empty_cache()`-free retries, its settings in `allocator_settings`), or the generated entries
 //! labelled with settings they were not made under (a trace its own settings do not reproduce:
-//! the budget inference and the fallbacks run). The questions: the trace's own settings or
+//! the budget inference and the fallbacks run); some cut as a history turned on mid-run records
+//! them (the state at the start reconstructed from the final segments). The questions: the trace's own settings or
 //! another config, with or without an allowed maximum. On the trace's own question the commands
 //! agree too: `replay`, `compare`, `explain --at peak` and `validate` give one peak reserved and
 //! one device memory.
@@ -68,6 +69,9 @@ struct Case {
     ask_cap_percent: Option<u64>,
     /// Index into [`CARDS`]: the device the trace is recorded on.
     card: usize,
+    /// Keep only the entries after this percentage of them, as a history turned on mid-run
+    /// records (the final segments stay whole).
+    cut_percent: Option<u64>,
 }
 
 /// The devices' total memory: an H200's, an H100's (80 GB), a B200's.
@@ -84,9 +88,9 @@ fn case() -> impl Strategy<Value = Case> {
         any::<bool>(),
         prop::option::of(0..CONFS.len()),
         prop::option::of(40u64..120),
-        0..CARDS.len(),
+        (0..CARDS.len(), prop::option::of(5u64..70)),
     )
-        .prop_map(|(workload, seed, requests, streams, recorded, cap_percent, relabel, ask, ask_cap_percent, card)| Case {
+        .prop_map(|(workload, seed, requests, streams, recorded, cap_percent, relabel, ask, ask_cap_percent, (card, cut_percent))| Case {
             workload,
             seed,
             requests,
@@ -97,6 +101,7 @@ fn case() -> impl Strategy<Value = Case> {
             ask,
             ask_cap_percent,
             card,
+            cut_percent,
         })
 }
 
@@ -107,11 +112,17 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     let peak = p.own_outcome.peak_reserved.max(2 * MIB);
     let percent = |pc: u64| (peak / 100 * pc).div_ceil(2 * MIB) * 2 * MIB;
     let config = AllocatorConfig::parse(CONFS[c.recorded]).unwrap();
-    let snap = if c.relabel {
+    let mut snap = if c.relabel {
         allocsim_trace::Snapshot { settings: recorded_settings(&config), ..generated }
     } else {
         simulated_snapshot(&p, &config, c.cap_percent.map(percent), &p.recorded_placement())
     };
+    if let Some(pc) = c.cut_percent {
+        for t in &mut snap.device_traces {
+            let n = t.len() * pc as usize / 100;
+            t.drain(..n);
+        }
+    }
     let options = ReplayOptions { config: c.ask.map(|i| CONFS[i].to_string()), capacity: c.ask_cap_percent.map(percent), ..ReplayOptions::default() };
     let tag = format!("{:x}-{}", c.seed, std::process::id());
     for ext in ["pickle", "pickle.gz", "jsonl"] {
@@ -193,6 +204,7 @@ fn the_disagreements_found_stay_fixed() {
             ask: None,
             ask_cap_percent: None,
             card: 0,
+            cut_percent: None,
         },
         Case {
             workload: 1,
@@ -205,6 +217,7 @@ fn the_disagreements_found_stay_fixed() {
             ask: None,
             ask_cap_percent: None,
             card: 2,
+            cut_percent: None,
         },
     ];
     for c in &found {
