@@ -497,6 +497,20 @@ pub fn raised_by_ooms(memory: DeviceMemory, oom_lower: u64) -> DeviceMemory {
     if oom_lower <= memory.bytes {
         return memory;
     }
+    // Reservations' spacing bounded it from above: the middle of what is left, as there.
+    if let Some((_, hi)) = memory.range.filter(|&(_, hi)| memory.source == DeviceMemorySource::Inferred && hi != u64::MAX && oom_lower <= hi) {
+        let mid = (oom_lower / 2 + hi / 2) >> 20 << 20;
+        return DeviceMemory {
+            bytes: mid.clamp(oom_lower, hi),
+            source: DeviceMemorySource::Inferred,
+            range: Some((oom_lower, hi)),
+            note: format!(
+                "between {} and {} as an OOM entry (reserved + free) and the spacing of the expandable segments' address reservations show (--device-memory sets it exactly)",
+                format_size(oom_lower),
+                format_size(hi)
+            ),
+        };
+    }
     let hi = memory.range.map_or(u64::MAX, |r| r.1).max(oom_lower);
     let note = if oom_lower > H200_TOTAL_MEMORY {
         "at least what an OOM entry shows (reserved + free); more than an H200 has".to_string()
@@ -1385,5 +1399,44 @@ mod tests {
         // above the base, so the spacing tells nothing.
         let trace = vec![e(Action::SegmentMap, base, 20 << 20), e(Action::SegmentMap, next80 + (40 << 20), 2 << 20), e(Action::SegmentMap, next80, 2 << 20)];
         assert_eq!(infer_device_memory(&trace, &[], K_LARGE_BUFFER).source, DeviceMemorySource::Default);
+    }
+
+    /// An OOM entry (free + reserved) raises the device memory the segment events show, never
+    /// lowers it, and reservations' spacing still bounds it from above; the clustering of the
+    /// reservations does not depend on it (both pools' reservations stay two, though the OOM's
+    /// bound is more than the gap from the large pool's last page to the small pool's base).
+    #[test]
+    fn ooms_raise_the_device_memory_and_do_not_change_the_reservations() {
+        let d = H200_TOTAL_MEMORY;
+        let e = |action, addr, size| TraceEntry { action, addr, size, stream: 0, time_us: 0, stack: 0, meta: 0 };
+        let base = 0x3_0200_0000u64;
+        let next = (base + reservation_size(d, K_LARGE_BUFFER)).div_ceil(RESERVATION_ALIGN) * RESERVATION_ALIGN;
+        // 21.5 GiB mapped in the large pool's reservation (11 maps of 100 pages of 20 MiB), 2 MiB
+        // in the small one's, then an OOM with what is left of the card free: the bound is the
+        // H200's memory less 1 GiB, more than the 137.8 GiB from the last map to the small base.
+        let map = 100 * K_LARGE_BUFFER;
+        let mut trace: Vec<TraceEntry> = (0..11).map(|k| e(Action::SegmentMap, base + k * map, map)).collect();
+        trace.push(e(Action::SegmentMap, next, 2 << 20));
+        let reserved = 11 * map + (2 << 20);
+        assert!(next - (base + 10 * map) < d - (1 << 30));
+        trace.push(e(Action::Oom, d - (1 << 30) - reserved, 64 << 20));
+        let m = infer_device_memory(&trace, &[], K_LARGE_BUFFER);
+        assert_eq!((m.bytes, m.source), (d, DeviceMemorySource::Inferred), "{}", m.note);
+        assert!(m.note.contains("spacing of the expandable segments"), "{}", m.note);
+        assert_eq!(m, memory_from_segments(&trace, &[], K_LARGE_BUFFER), "an OOM below what the spacing shows changes nothing");
+        // An OOM that shows more than the spacing's lower end: the range starts there.
+        let (lo, hi) = m.range.unwrap();
+        let raised = raised_by_ooms(m.clone(), lo + (hi - lo) / 2 + 1);
+        assert_eq!(raised.range, Some((lo + (hi - lo) / 2 + 1, hi)));
+        assert!(raised.bytes >= lo + (hi - lo) / 2 + 1 && raised.bytes <= hi);
+        // Beyond what the spacing allows: at least what the OOM shows.
+        let raised = raised_by_ooms(m, hi + (1 << 30));
+        assert_eq!((raised.bytes, raised.range), (hi + (1 << 30), Some((hi + (1 << 30), hi + (1 << 30)))));
+        assert!(raised.note.starts_with("at least what an OOM entry shows"), "{}", raised.note);
+        // No expandable segments: an H200 assumed, unless an OOM shows more.
+        let trace = vec![e(Action::SegmentAlloc, base, 2 << 30), e(Action::Oom, 180 << 30, 2 << 30)];
+        let m = infer_device_memory(&trace, &[], K_LARGE_BUFFER);
+        assert_eq!((m.bytes, m.range), (182 << 30, Some((182 << 30, u64::MAX))));
+        assert!(m.note.contains("more than an H200 has"), "{}", m.note);
     }
 }
