@@ -203,6 +203,10 @@ fn a_recordings_metadata_json_is_not_a_trace() {
     for cmd in ["replay", "validate", "explain"] {
         user_error(&[cmd, meta.to_str().unwrap()], &["line 1", "unfinished JSON object", "first key is one of segments", "metadata, not a trace"]);
     }
+    // A JSON Lines file whose header line is cut short is not called metadata.
+    let t = TempFile::with("cut-header.jsonl", br#"{"format":"allocsim-trace","vers"#);
+    let e = user_error(&["replay", t.arg()], &["line 1"]);
+    assert!(!e.contains("metadata"), "{e}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -373,3 +373,5 @@ def test_compare_two_recorded_runs_and_two_configs_like_the_command_line():
         a.compare(config="max_split_size_mb:1")
     with pytest.raises(TypeError):
         a.compare(a_rel)
+    with pytest.raises(ValueError):
+        a.compare(b, config="expandable_segments:True")

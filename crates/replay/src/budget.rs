@@ -101,6 +101,11 @@ impl DeviceMemory {
     pub fn given(bytes: u64) -> DeviceMemory {
         DeviceMemory { bytes, source: DeviceMemorySource::Given, range: None, note: "given".into() }
     }
+
+    /// Nothing in the trace says: an H200's (the card allocsim's recordings come from).
+    pub fn h200_assumed() -> DeviceMemory {
+        DeviceMemory { bytes: H200_TOTAL_MEMORY, source: DeviceMemorySource::Default, range: None, note: "an H200 assumed".into() }
+    }
 }
 
 /// One OOM of the device-full kind.
@@ -492,32 +497,51 @@ impl OomBound {
     }
 }
 
-/// `memory` as the segment events show it, raised to what an OOM entry shows where that is more.
+/// `memory` as the segment events show it, with what an OOM entry shows (`oom_lower`: free +
+/// reserved at it). Within the range the reservations' spacing gives, the OOM raises its lower
+/// end ([`within_spacing`]: an H200's bytes where they still fit, else the middle); above that
+/// range it contradicts the spacing, which is then set aside; with no range, it raises the
+/// H200 assumed. (Where it changes nothing, `memory` comes back as it is.)
 pub fn raised_by_ooms(memory: DeviceMemory, oom_lower: u64) -> DeviceMemory {
-    if oom_lower <= memory.bytes {
-        return memory;
-    }
-    // Reservations' spacing bounded it from above: the middle of what is left, as there.
-    if let Some((_, hi)) = memory.range.filter(|&(_, hi)| memory.source == DeviceMemorySource::Inferred && hi != u64::MAX && oom_lower <= hi) {
-        let mid = (oom_lower / 2 + hi / 2) >> 20 << 20;
-        return DeviceMemory {
-            bytes: mid.clamp(oom_lower, hi),
+    let spacing = memory.range.filter(|&(_, hi)| memory.source == DeviceMemorySource::Inferred && hi != u64::MAX);
+    match spacing {
+        Some((lo, hi)) if oom_lower > lo && oom_lower <= hi => {
+            within_spacing(oom_lower, hi, "an OOM entry (reserved + free) and the spacing of the expandable segments' address reservations show")
+        }
+        Some((_, hi)) if oom_lower > hi => raised_by_ooms(DeviceMemory::h200_assumed(), oom_lower),
+        _ if oom_lower <= memory.bytes => memory,
+        _ => DeviceMemory {
+            bytes: oom_lower,
             source: DeviceMemorySource::Inferred,
-            range: Some((oom_lower, hi)),
-            note: format!(
-                "between {} and {} as an OOM entry (reserved + free) and the spacing of the expandable segments' address reservations show (--device-memory sets it exactly)",
-                format_size(oom_lower),
-                format_size(hi)
-            ),
+            range: Some((oom_lower, u64::MAX)),
+            note: if oom_lower > H200_TOTAL_MEMORY {
+                "at least what an OOM entry shows (reserved + free); more than an H200 has".to_string()
+            } else {
+                "at least what an OOM entry shows (reserved + free)".to_string()
+            },
+        },
+    }
+}
+
+/// The device's memory between `lo` and `hi` (`shows`: what bounds it, in words): an H200's
+/// bytes where they lie in the range (the card the recordings come from), else the range's
+/// middle to the MiB.
+fn within_spacing(lo: u64, hi: u64, shows: &str) -> DeviceMemory {
+    if (lo..=hi).contains(&H200_TOTAL_MEMORY) {
+        return DeviceMemory {
+            bytes: H200_TOTAL_MEMORY,
+            source: DeviceMemorySource::Inferred,
+            range: Some((lo, hi)),
+            note: format!("an H200's {H200_TOTAL_MEMORY} bytes, within {}–{} as {shows}", format_size(lo), format_size(hi)),
         };
     }
-    let hi = memory.range.map_or(u64::MAX, |r| r.1).max(oom_lower);
-    let note = if oom_lower > H200_TOTAL_MEMORY {
-        "at least what an OOM entry shows (reserved + free); more than an H200 has".to_string()
-    } else {
-        "at least what an OOM entry shows (reserved + free)".to_string()
-    };
-    DeviceMemory { bytes: oom_lower, source: DeviceMemorySource::Inferred, range: Some((oom_lower, hi)), note }
+    let mid = (lo / 2 + hi / 2) >> 20 << 20;
+    DeviceMemory {
+        bytes: mid.clamp(lo, hi),
+        source: DeviceMemorySource::Inferred,
+        range: Some((lo, hi)),
+        note: format!("between {} and {} as {shows} (--device-memory sets it exactly)", format_size(lo), format_size(hi)),
+    }
 }
 
 /// The device's total memory as the segment events and final segments show it (the OOM entries
@@ -557,7 +581,7 @@ fn memory_from_segments(trace: &[TraceEntry], segments: &[SnapshotSegment], larg
                 note: "at least what the allocator reserved; more than an H200 has".into(),
             }
         } else {
-            DeviceMemory { bytes: H200_TOTAL_MEMORY, source: DeviceMemorySource::Default, range: None, note: "an H200 assumed".into() }
+            DeviceMemory::h200_assumed()
         }
     };
     if touched.is_empty() {
@@ -608,29 +632,7 @@ fn memory_from_segments(trace: &[TraceEntry], segments: &[SnapshotSegment], larg
     if lo > hi {
         return default();
     }
-    if (lo..=hi).contains(&H200_TOTAL_MEMORY) {
-        return DeviceMemory {
-            bytes: H200_TOTAL_MEMORY,
-            source: DeviceMemorySource::Inferred,
-            range: Some((lo, hi)),
-            note: format!(
-                "an H200's {H200_TOTAL_MEMORY} bytes, within {}–{} as the spacing of the expandable segments' address reservations shows",
-                format_size(lo),
-                format_size(hi)
-            ),
-        };
-    }
-    let mid = (lo / 2 + hi / 2) >> 20 << 20;
-    DeviceMemory {
-        bytes: mid.clamp(lo, hi),
-        source: DeviceMemorySource::Inferred,
-        range: Some((lo, hi)),
-        note: format!(
-            "between {} and {} as the spacing of the expandable segments' address reservations shows (--device-memory sets it exactly)",
-            format_size(lo),
-            format_size(hi)
-        ),
-    }
+    within_spacing(lo, hi, "the spacing of the expandable segments' address reservations shows")
 }
 
 /// A recorded segment event: (request, action, address, size).
@@ -1424,14 +1426,21 @@ mod tests {
         assert_eq!((m.bytes, m.source), (d, DeviceMemorySource::Inferred), "{}", m.note);
         assert!(m.note.contains("spacing of the expandable segments"), "{}", m.note);
         assert_eq!(m, memory_from_segments(&trace, &[], K_LARGE_BUFFER), "an OOM below what the spacing shows changes nothing");
-        // An OOM that shows more than the spacing's lower end: the range starts there.
+        // An OOM that shows more than the spacing's lower end: the range starts there, and the
+        // H200's bytes, still in it, stay.
         let (lo, hi) = m.range.unwrap();
-        let raised = raised_by_ooms(m.clone(), lo + (hi - lo) / 2 + 1);
-        assert_eq!(raised.range, Some((lo + (hi - lo) / 2 + 1, hi)));
-        assert!(raised.bytes >= lo + (hi - lo) / 2 + 1 && raised.bytes <= hi);
-        // Beyond what the spacing allows: at least what the OOM shows.
-        let raised = raised_by_ooms(m, hi + (1 << 30));
-        assert_eq!((raised.bytes, raised.range), (hi + (1 << 30), Some((hi + (1 << 30), hi + (1 << 30)))));
+        assert!(lo < d && d < hi);
+        let raised = raised_by_ooms(m.clone(), lo + 1);
+        assert_eq!((raised.bytes, raised.range), (d, Some((lo + 1, hi))), "{}", raised.note);
+        assert!(raised.note.contains("an OOM entry (reserved + free) and the spacing"), "{}", raised.note);
+        // Above the H200's bytes: the middle of what is left.
+        let raised = raised_by_ooms(m.clone(), d + 1);
+        assert_eq!(raised.range, Some((d + 1, hi)));
+        assert!(raised.bytes > d && raised.bytes <= hi, "{}", raised.bytes);
+        // Beyond what the spacing allows: the spacing is set aside, and the OOM raises the H200
+        // assumed, to at least what it shows.
+        let raised = raised_by_ooms(m.clone(), hi + (1 << 30));
+        assert_eq!((raised.bytes, raised.range), (hi + (1 << 30), Some((hi + (1 << 30), u64::MAX))));
         assert!(raised.note.starts_with("at least what an OOM entry shows"), "{}", raised.note);
         // No expandable segments: an H200 assumed, unless an OOM shows more.
         let trace = vec![e(Action::SegmentAlloc, base, 2 << 30), e(Action::Oom, 180 << 30, 2 << 30)];

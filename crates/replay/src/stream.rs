@@ -1194,6 +1194,16 @@ impl<'a> DeviceStream<'a> {
             // The placement the summary reports: the whole recorded list, as a first pass gives it.
             self.options.placement = recorded_placement_from(&sp.seen, self.device_memory, None);
         }
+        if !self.memory_given {
+            // What the OOM entries add to the segment events' reading (`budget::infer_device_memory`).
+            let memory = crate::budget::raised_by_ooms(self.budget.device_memory.clone(), self.oom_bound.lower);
+            if memory.bytes != self.device_memory {
+                let why =
+                    format!("device {}'s OOM entries narrow its device memory to {} bytes, not the {} assumed", self.device, memory.bytes, self.device_memory);
+                return Ok((Finished::Fallback(why), seen));
+            }
+            self.budget.device_memory = memory;
+        }
         let segment_entries: &[TraceEntry] = match &speculation {
             Some(sp) => &sp.seen,
             None => self.segment_entries,

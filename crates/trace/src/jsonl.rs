@@ -352,7 +352,7 @@ impl LineParser {
             return Ok(Parsed::Blank);
         }
         let l: Line<'_> = serde_json::from_slice(line).map_err(|e| {
-            if !self.saw_header && e.classify() == serde_json::error::Category::Eof {
+            if !self.saw_header && e.classify() == serde_json::error::Category::Eof && memchr::memmem::find(line, b"\"format\"").is_none() {
                 err(format!("an unfinished JSON object ({e}): a JSON Lines trace holds one whole object per line, its header first; a JSON document spread over lines is read only as a snapshot, whose first key is one of {}, and this one's is not (the .json written beside a recording is its metadata, not a trace)", crate::SNAPSHOT_KEYS.join(", ")))
             } else {
                 err(e.to_string())
