@@ -1,5 +1,5 @@
 //! `allocsim scale` against the ground truth `tools/record_scale.py` recorded on an H100 (80 GB,
-//! torch 2.11.0+cu130, `tools/gpu_scale_session.sh`), kept in `traces/field/scale/`. Each run is a
+//! torch 2.11.0+cu130, `tools/record_scale_all.sh`), kept in `traces/field/scale/`. Each run is a
 //! fresh process: a prefix of steps at small shapes, then one step at a larger shape, with
 //! `reset_peak_memory_stats()` at the start of every step and `max_memory_allocated()` /
 //! `max_memory_reserved()` read after it (`extra.step_peaks`, `extra.step_peaks_reserved`: what the

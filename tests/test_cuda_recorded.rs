@@ -1,5 +1,5 @@
 //! PyTorch's own allocator tests (`test/test_cuda.py`) and four scenarios, recorded on an H100 with
-//! torch 2.11 (`traces/field/test_cuda/`, `tools/gpu_test_cuda_session.sh`), validated against
+//! torch 2.11 (`traces/field/test_cuda/`, `tools/record_test_cuda_all.sh`), validated against
 //! what the real allocator recorded; and the checkpointing what-if pair in `traces/field/whatif/`.
 
 mod common;

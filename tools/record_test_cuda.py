@@ -8,7 +8,7 @@
 Needs a GPU, torch, and (for the first form) PyTorch's test/test_cuda.py under DIR/test/, from the
 release of the installed wheel (`python -c 'import torch; print(torch.version.git_version)'`): the
 wheels do not ship `test/`. A trimmed copy holding only the tests below will do (the GPU session,
-tools/gpu_test_cuda_session.sh, carries one in .ptsrc/); torch's test helpers also need the
+tools/record_test_cuda_all.sh, carries one in .ptsrc/); torch's test helpers also need the
 `expecttest` package. Each test runs in a process of its own, once per settings (`default`: no
 PYTORCH_CUDA_ALLOC_CONF; `expandable`: `expandable_segments:True`), with memory history recorded
 from the test's first line (`_record_memory_history(max_entries=...)`, torch's default context and

@@ -468,33 +468,13 @@ fn reservation_base_before_history(cluster: &[(u64, u64, Option<usize>, bool)]) 
 /// reserved, and the spacing of expandable segments' reservations: [`memory_from_segments`]),
 /// then the OOM entries, which can only raise it: an OOM records what the device had free
 /// (`device_free`, from `cudaMemGetInfo`), and the device holds at least that plus what the
-/// allocator had reserved then ([`OomBound`]). A stream that reads the segment events first
+/// allocator had reserved then (`crate::oom::RecordedMemory::least_device_memory`). A stream that reads the segment events first
 /// makes the first reading before the replay and checks each OOM entry against it as it comes
 /// (`crate::stream`), so every road gives this answer.
 pub fn infer_device_memory(trace: &[TraceEntry], segments: &[SnapshotSegment], large_segment_size: u64) -> DeviceMemory {
-    let mut oom = OomBound::default();
-    trace.iter().for_each(|e| oom.push(e));
-    raised_by_ooms(memory_from_segments(trace, segments, large_segment_size), oom.lower)
-}
-
-/// The least device memory the OOM entries so far show: at each, what the allocator had reserved
-/// (from the segment events before it) plus what the device had free.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct OomBound {
-    reserved: i64,
-    pub lower: u64,
-}
-
-impl OomBound {
-    pub fn push(&mut self, e: &TraceEntry) {
-        if e.action.reserves() {
-            self.reserved = self.reserved.saturating_add(e.size as i64);
-        } else if e.action.releases() {
-            self.reserved = self.reserved.saturating_sub(e.size as i64);
-        } else if e.action == Action::Oom {
-            self.lower = self.lower.max((self.reserved.max(0) as u64).saturating_add(e.addr));
-        }
-    }
+    let mut recorded = crate::oom::RecordedMemory::default();
+    trace.iter().for_each(|e| recorded.push(e, 0));
+    raised_by_ooms(memory_from_segments(trace, segments, large_segment_size), recorded.least_device_memory())
 }
 
 /// `memory` as the segment events show it, with what an OOM entry shows (`oom_lower`: free +

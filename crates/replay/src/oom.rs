@@ -16,6 +16,8 @@ pub const DEFAULT_OUTSIDE_MEMORY: u64 = 518 << 20;
 pub struct RecordedMemory {
     reserved: i64,
     outside: Option<u64>,
+    /// The least device memory the OOM entries so far show: reserved + `device_free` at each.
+    least_device_memory: u64,
 }
 
 impl RecordedMemory {
@@ -26,6 +28,7 @@ impl RecordedMemory {
             Action::Oom => {
                 let outside = device_memory.saturating_sub(e.addr).saturating_sub(self.reserved());
                 self.outside = Some(self.outside.map_or(outside, |w| w.max(outside)));
+                self.least_device_memory = self.least_device_memory.max(self.reserved().saturating_add(e.addr));
             }
             _ => {}
         }
@@ -34,6 +37,12 @@ impl RecordedMemory {
     /// Bytes reserved after the entries so far.
     pub fn reserved(&self) -> u64 {
         self.reserved.max(0) as u64
+    }
+
+    /// The least device memory any OOM entry so far showed: what the allocator had reserved plus
+    /// what the device had free (`device_free`, from `cudaMemGetInfo`); 0 before any.
+    pub fn least_device_memory(&self) -> u64 {
+        self.least_device_memory
     }
 
     /// The most memory outside the allocator any OOM entry so far showed

@@ -779,8 +779,6 @@ struct DeviceStream<'a> {
     device_memory: u64,
     /// `--device-memory` given: no OOM entry can change it.
     memory_given: bool,
-    /// What the OOM entries so far show of the device's memory.
-    oom_bound: crate::budget::OomBound,
     budget: crate::budget::Budget,
     own_settings: bool,
     options: ReplayOptions,
@@ -900,7 +898,6 @@ impl<'a> DeviceStream<'a> {
             device,
             device_memory,
             memory_given: ctx.spec.device_memory.is_some(),
-            oom_bound: crate::budget::OomBound::default(),
             budget,
             own_settings: ctx.own_settings,
             options,
@@ -983,15 +980,6 @@ impl<'a> DeviceStream<'a> {
             ));
         }
         self.empty_start.push(&e);
-        self.oom_bound.push(&e);
-        if !self.memory_given && self.oom_bound.lower > self.device_memory {
-            // The device memory read from the segment events, raised by this OOM
-            // (`budget::infer_device_memory`): the whole trace is needed for it.
-            return Err(format!(
-                "device {}'s OOM entry {index} shows more device memory than assumed ({} reserved and free, {} assumed)",
-                self.device, self.oom_bound.lower, self.device_memory
-            ));
-        }
         match e.action {
             Action::Oom => {
                 self.reserved_before_oom.insert(index as u32, self.recorded.reserved());
@@ -1003,6 +991,16 @@ impl<'a> DeviceStream<'a> {
             _ => {}
         }
         self.recorded.push(&e, self.device_memory);
+        if !self.memory_given && self.recorded.least_device_memory() > self.device_memory {
+            // The device memory read from the segment events, raised by this OOM
+            // (`budget::infer_device_memory`): the whole trace is needed for it.
+            return Err(format!(
+                "device {}'s OOM entry {index} shows more device memory than assumed ({} reserved and free, {} assumed)",
+                self.device,
+                self.recorded.least_device_memory(),
+                self.device_memory
+            ));
+        }
         let queue = &mut self.queue;
         self.builder.push(e, &mut |b| queue.push_back(b.into()));
         self.step(false);
@@ -1196,7 +1194,7 @@ impl<'a> DeviceStream<'a> {
         }
         if !self.memory_given {
             // What the OOM entries add to the segment events' reading (`budget::infer_device_memory`).
-            let memory = crate::budget::raised_by_ooms(self.budget.device_memory.clone(), self.oom_bound.lower);
+            let memory = crate::budget::raised_by_ooms(self.budget.device_memory.clone(), self.recorded.least_device_memory());
             if memory.bytes != self.device_memory {
                 let why =
                     format!("device {}'s OOM entries narrow its device memory to {} bytes, not the {} assumed", self.device, memory.bytes, self.device_memory);

@@ -7,7 +7,7 @@
 # Everything it writes is packed into OUT (default $OUT) as rec.tar split in 15 MiB parts, with each stream's log.
 # FAMILY=WORKLOAD first records tools/record_family.sh's what-if family of that workload in the
 # search's stream, before the search.
-#     [FAMILY=ckpt] bash tools/gpu_scale_session.sh [OUT]
+#     [FAMILY=ckpt] bash tools/record_scale_all.sh [OUT]
 set -u
 out="${1:-$OUT}"
 rec=/tmp/rec

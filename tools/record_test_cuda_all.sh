@@ -4,7 +4,7 @@
 # machine, one test at a time (several of them size their allocations by the device's free
 # memory), packed into OUT (default $OUT) as tc.tar (split into tc.tar.00, tc.tar.01, ... of
 # 15 MiB when larger: `cat tc.tar.* > tc.tar`).
-#     bash tools/gpu_test_cuda_session.sh [OUT]
+#     bash tools/record_test_cuda_all.sh [OUT]
 # Needs .ptsrc/ and .whl/ (the expecttest wheel, and ninja's as a fallback) carried along.
 # Environment: BUDGET_S (seconds for all the tests, default 420), SCENARIOS_S (default 120),
 # JOB_TIMEOUT_S (one test under one settings, default 150), SKIP_TESTS, SKIP_SCENARIOS.
