@@ -235,11 +235,12 @@ fn check_bounds(command: &Command) -> Result<(), UserError> {
             _ => Ok(()),
         }
     }
-    fn traced(t: &crate::common::TraceArgs) -> Result<(), UserError> {
+    fn recorded(t: &crate::common::RecordedArgs) -> Result<(), UserError> {
         memory("device-memory", t.device_memory)?;
         memory("trace-capacity", t.trace_capacity)?;
         device(t.device)
     }
+    let traced = |t: &crate::common::TraceArgs| recorded(&t.recorded);
     match command {
         Command::Replay { args, .. } => {
             memory("capacity", args.capacity)?;
@@ -267,17 +268,14 @@ fn check_bounds(command: &Command) -> Result<(), UserError> {
         }
         Command::Scale(a) => {
             memory("capacity", a.capacity)?;
-            memory("device-memory", a.device_memory)?;
-            memory("trace-capacity", a.trace_capacity)?;
             memory("reserve", a.reserve)?;
             memory("largest-under", a.largest_under.flatten())?;
             a.cards.iter().try_for_each(|&c| memory("cards", Some(c)))?;
-            device(a.device)
+            recorded(&a.recorded)
         }
         Command::Compare(a) => {
             memory("capacity", a.capacity)?;
-            memory("device-memory", a.device_memory)?;
-            device(a.device)?;
+            recorded(&a.recorded)?;
             if !(a.spike.is_finite() && a.spike > 0.0 && a.spike <= 1000.0) {
                 return Err(UserError(format!("--spike {}: out of range (a factor above 0, at most 1000)", a.spike)));
             }

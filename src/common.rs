@@ -64,6 +64,14 @@ pub fn write_answer(answer: &dyn Answer, as_json: bool, io: &mut Io<'_>) -> Resu
 pub struct TraceArgs {
     /// A snapshot (.pickle, .pickle.gz) or an allocsim .jsonl trace.
     pub trace: PathBuf,
+    #[command(flatten)]
+    pub recorded: RecordedArgs,
+}
+
+/// How a trace was recorded where it does not say: the options of every command that answers
+/// for one device of each trace (`allocsim_replay::TraceOptions`).
+#[derive(clap::Args, Clone, Default)]
+pub struct RecordedArgs {
     /// The device's total memory (default: as the trace shows it, else an H200's). Every size
     /// option takes at most 2^60 bytes.
     #[arg(long, value_parser = parse_size)]
@@ -79,6 +87,13 @@ pub struct TraceArgs {
     pub device: Option<usize>,
 }
 
+impl RecordedArgs {
+    /// The options as every command's crate takes them.
+    pub fn options(&self) -> TraceOptions {
+        TraceOptions { device_memory: self.device_memory, trace_capacity: self.trace_capacity, device: self.device }
+    }
+}
+
 impl TraceArgs {
     /// The trace, read, and the name its answers call it by.
     pub fn load(&self) -> Result<(Snapshot, String), UserError> {
@@ -87,6 +102,6 @@ impl TraceArgs {
 
     /// The options that say how it was recorded.
     pub fn options(&self) -> TraceOptions {
-        TraceOptions { device_memory: self.device_memory, trace_capacity: self.trace_capacity, device: self.device }
+        self.recorded.options()
     }
 }

@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 
 use allocsim_commands::compare::{CompareOptions, compare_configs, compare_recorded, rank_spec, ranks, ranks_failure};
-use allocsim_commands::{Answer, Trace, TraceOptions};
+use allocsim_commands::{Answer, Trace};
 use allocsim_phases::ranks::expand_paths;
 
-use crate::common::{UserError, load, say_device, write_answer};
+use crate::common::{RecordedArgs, UserError, load, say_device, write_answer};
 use crate::output::Io;
 use crate::size::parse_size;
 
@@ -39,13 +39,10 @@ pub struct CompareArgs {
     /// The allowed maximum (default: the trace's own budget, inferred from it).
     #[arg(long, value_parser = parse_size)]
     pub capacity: Option<u64>,
-    /// The device's total memory (default: as the trace shows it, else an H200's).
-    #[arg(long, value_parser = parse_size)]
-    pub device_memory: Option<u64>,
-    /// Which device's trace, in every file (default: in each file, the one that ran out of
-    /// memory, else the one with the highest peak reserved).
-    #[arg(long)]
-    pub device: Option<usize>,
+    /// How the traces were recorded (the same for every file; with two recorded runs, only
+    /// `--device` applies).
+    #[command(flatten)]
+    pub recorded: RecordedArgs,
     /// How many call sites of new segments to list (two runs), or rows (ranks).
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -61,21 +58,15 @@ pub fn cmd_compare(a: &CompareArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let path_a = &a.files[0];
     let (name_a, snap_a) = (path_a.display().to_string(), load(path_a)?);
     let ta = Trace { name: &name_a, snapshot: &snap_a };
+    let o = CompareOptions { trace: a.recorded.options(), config: a.config.clone(), config_b: a.config_b.clone(), capacity: a.capacity, top: a.top };
     let answer = match a.files.get(1) {
         Some(b) => {
             let (name_b, snap_b) = (b.display().to_string(), load(b)?);
-            compare_recorded(ta, Trace { name: &name_b, snapshot: &snap_b }, a.device, a.top)?
+            compare_recorded(ta, Trace { name: &name_b, snapshot: &snap_b }, &o)?
         }
         None => {
-            let o = CompareOptions {
-                trace: TraceOptions { device_memory: a.device_memory, trace_capacity: None, device: a.device },
-                config: a.config.clone(),
-                config_b: a.config_b.clone(),
-                capacity: a.capacity,
-                top: a.top,
-            };
             let answer = compare_configs(ta, &o)?;
-            say_device(io, &snap_a, a.device, a.json)?;
+            say_device(io, &snap_a, a.recorded.device, a.json)?;
             answer
         }
     };
@@ -100,7 +91,7 @@ pub fn as_ranks(a: &CompareArgs) -> Result<Option<Vec<PathBuf>>, UserError> {
 }
 
 pub fn cmd_ranks(a: &CompareArgs, files: &[PathBuf], io: &mut Io<'_>) -> Result<i32, UserError> {
-    let spec = rank_spec(a.config.clone(), a.capacity, a.device_memory, a.device, a.by.clone(), a.spike)?;
+    let spec = rank_spec(a.config.clone(), a.capacity, a.recorded.options(), a.by.clone(), a.spike)?;
     let answer = ranks(files, &spec);
     if a.json {
         answer.write_json(io.out)?;

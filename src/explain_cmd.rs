@@ -43,6 +43,6 @@ pub fn cmd_explain(a: &ExplainArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let name = a.trace.trace.display().to_string();
     let options = ExplainOptions { trace: a.trace.options(), at: a.at.clone(), config: a.config.clone(), capacity: a.capacity, top: a.top };
     let answer = allocsim_commands::explain::explain(Trace { name: &name, snapshot: &snap }, other.as_ref(), &options)?;
-    crate::common::say_device(io, &snap, a.trace.device, a.json)?;
+    crate::common::say_device(io, &snap, a.trace.recorded.device, a.json)?;
     write_answer(&answer, a.json, io)
 }

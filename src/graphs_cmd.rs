@@ -44,6 +44,6 @@ pub fn cmd_graphs(a: &GraphsArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
         placements: a.placements,
     };
     let answer = allocsim_commands::graphs::graphs(allocsim_commands::Trace { name: &name, snapshot: &snap }, &options)?;
-    crate::common::say_device(io, &snap, a.trace.device, a.json)?;
+    crate::common::say_device(io, &snap, a.trace.recorded.device, a.json)?;
     write_answer(&answer, a.json, io)
 }

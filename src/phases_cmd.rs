@@ -33,6 +33,6 @@ pub fn cmd_phases(a: &PhasesArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (snap, name) = a.trace.load()?;
     let options = PhasesOptions { trace: a.trace.options(), config: a.config.clone(), capacity: a.capacity, by: a.by.clone(), top: a.top };
     let answer = allocsim_commands::phases::phases(allocsim_commands::Trace { name: &name, snapshot: &snap }, &options)?;
-    crate::common::say_device(io, &snap, a.trace.device, a.json)?;
+    crate::common::say_device(io, &snap, a.trace.recorded.device, a.json)?;
     write_answer(&answer, a.json, io)
 }

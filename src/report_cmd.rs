@@ -32,7 +32,7 @@ pub fn cmd_report(a: &ReportArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (snap, name) = a.trace.load()?;
     let options = ReportOptions { trace: a.trace.options(), configs: a.config.clone(), capacity: a.capacity };
     let report = allocsim_commands::report::report(Trace { name: &name, snapshot: &snap }, &options)?;
-    crate::common::say_device(io, &snap, a.trace.device, true)?;
+    crate::common::say_device(io, &snap, a.trace.recorded.device, true)?;
     report.write_page(&a.output)?;
     writeln!(io.err, "wrote {} ({} KiB)", a.output.display(), report.page.len() / 1024)?;
     if let Some(dir) = &a.svg {
@@ -61,7 +61,7 @@ pub struct ExportArgs {
 pub fn cmd_export(a: &ExportArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let (snap, _) = a.trace.load()?;
     let (p, config) = a.trace.options().prepare_for(&snap, a.config.as_deref(), a.capacity)?;
-    crate::common::say_device(io, &snap, a.trace.device, true)?;
+    crate::common::say_device(io, &snap, a.trace.recorded.device, true)?;
     let sim = allocsim_report::export::simulated_snapshot(&p, &config, a.capacity, &p.recorded_placement());
     allocsim_trace::write_trace(&sim, &a.output).map_err(|e| UserError(format!("{}: {e}", a.output.display())))?;
     let n: usize = sim.device_traces.iter().map(|t| t.len()).sum();

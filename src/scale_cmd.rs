@@ -2,10 +2,9 @@
 
 use std::path::PathBuf;
 
-use allocsim_commands::TraceOptions;
 use allocsim_commands::scale::{LargestUnder, ScaleOptions, parse_values};
 
-use crate::common::{UserError, load, write_answer};
+use crate::common::{RecordedArgs, UserError, load, write_answer};
 use crate::output::Io;
 use crate::size::parse_size;
 
@@ -58,15 +57,8 @@ pub struct ScaleArgs {
     /// own budget.
     #[arg(long, value_parser = parse_size, conflicts_with = "cards")]
     pub capacity: Option<u64>,
-    /// The device's total memory (default: as the trace shows it, else an H200's).
-    #[arg(long, value_parser = parse_size)]
-    pub device_memory: Option<u64>,
-    /// The allowed maximum the traces were recorded under (default: inferred).
-    #[arg(long, value_parser = parse_size)]
-    pub trace_capacity: Option<u64>,
-    /// Which device's trace (default: the one that ran out of memory, else the busiest).
-    #[arg(long)]
-    pub device: Option<usize>,
+    #[command(flatten)]
+    pub recorded: RecordedArgs,
     /// Print one JSON object (the steps learnt, every prediction, the largest values) instead of
     /// the text.
     #[arg(long)]
@@ -77,7 +69,7 @@ pub fn cmd_scale(a: &ScaleArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let snaps = a.traces.iter().map(|p| load(p)).collect::<Result<Vec<_>, _>>()?;
     let names: Vec<String> = a.traces.iter().map(|p| p.display().to_string()).collect();
     let options = ScaleOptions {
-        trace: TraceOptions { device_memory: a.device_memory, trace_capacity: a.trace_capacity, device: a.device },
+        trace: a.recorded.options(),
         param: a.param.clone(),
         values: a.values.clone(),
         by: a.by.clone(),
@@ -93,6 +85,6 @@ pub fn cmd_scale(a: &ScaleArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     };
     let traces: Vec<allocsim_commands::Trace<'_>> = snaps.iter().zip(&names).map(|(s, n)| allocsim_commands::Trace { name: n, snapshot: s }).collect();
     let answer = allocsim_commands::scale::scale(&traces, &options)?;
-    crate::common::say_device(io, &snaps[0], a.device, a.json)?;
+    crate::common::say_device(io, &snaps[0], a.recorded.device, a.json)?;
     write_answer(&answer, a.json, io)
 }

@@ -76,7 +76,7 @@ pub fn cmd_sweep(a: &SweepArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
     let answer = allocsim_commands::sweep::sweep(Trace { name: &name, snapshot: &snap }, &options, &|| pb.inc(1));
     pb.finish_and_clear();
     let answer = answer?;
-    crate::common::say_device(io, &snap, a.trace.device, a.json || a.csv)?;
+    crate::common::say_device(io, &snap, a.trace.recorded.device, a.json || a.csv)?;
     if a.csv {
         answer.write_csv(io.out)?;
         return Ok(0);
@@ -120,6 +120,6 @@ pub fn cmd_fit(a: &FitArgs, io: &mut Io<'_>) -> Result<i32, UserError> {
         placements: a.placements,
     };
     let answer = allocsim_commands::fit::fit(Trace { name: &name, snapshot: &snap }, &options)?;
-    crate::common::say_device(io, &snap, a.trace.device, a.json)?;
+    crate::common::say_device(io, &snap, a.trace.recorded.device, a.json)?;
     write_answer(&answer, a.json, io)
 }

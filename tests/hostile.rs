@@ -143,6 +143,13 @@ fn absurd_options_are_one_error_line() {
     user_error(&["replay", &f, "--device", "4294967296"], &["--device 4294967296: not a device index (0 to 65535)"]);
     user_error(&["explain", &f, "--device", "65536"], &["--device 65536"]);
     user_error(&["compare", &f, &f, "--spike", "NaN"], &["--spike NaN: out of range"]);
+    user_error(&["compare", &f, &f, "--trace-capacity", "2000000TiB"], &["--trace-capacity 2199023255552000000: beyond any device"]);
+    // Two recorded runs are compared as recorded: a replay's options are refused, not ignored.
+    user_error(&["compare", &f, &f, "--config", "expandable_segments:True"], &["--config applies to one trace replayed under two settings"]);
+    user_error(
+        &["compare", &f, &f, "--capacity", "1GiB", "--device-memory", "80GiB", "--trace-capacity", "1GiB"],
+        &["--capacity, --device-memory, --trace-capacity apply to one trace replayed under two settings"],
+    );
     // The bounds themselves are accepted.
     let text = success(&["replay", &f, "--placements", "64", "--capacity", "1152921504606846976"]);
     assert!(text.contains("random-60"), "{text}");

@@ -535,10 +535,6 @@ class Snapshot:
         files as the ranks of one job, see :func:`allocsim.fleet.compare`."""
         if other is not None and not isinstance(other, Snapshot):
             raise TypeError(f"compare: other must be a Snapshot (allocsim.load), not {type(other).__name__}")
-        if other is not None:
-            given = [k for k, v in (("config", config), ("config_b", config_b), ("capacity", capacity), ("device_memory", device_memory), ("trace_capacity", trace_capacity)) if v is not None]
-            if given:
-                raise ValueError(f"compare: {', '.join(given)} apply to one trace replayed under two settings, not to two recorded runs (each is compared as recorded)")
         r = self._s.compare(
             None if other is None else other._s,
             config,

@@ -289,7 +289,7 @@ impl Snapshot {
         let other = other.map(|o| o.get().trace_owned());
         let o = CompareOptions { trace: trace_options(device, device_memory, trace_capacity), config, config_b, capacity, top };
         py.detach(|| match &other {
-            Some((snap, name)) => compare_recorded(self.trace(), Trace { name, snapshot: snap }, device, top).map(|a| render(&a)),
+            Some((snap, name)) => compare_recorded(self.trace(), Trace { name, snapshot: snap }, &o).map(|a| render(&a)),
             None => compare_configs(self.trace(), &o).map(|a| render(&a)),
         })
         .map_err(py_err)
@@ -416,14 +416,14 @@ fn rank_paths(args: Vec<PathBuf>) -> PyResult<Vec<String>> {
 #[pyfunction]
 #[pyo3(signature = (config = None, spike = 1.1))]
 fn rank_check(config: Option<String>, spike: f64) -> PyResult<()> {
-    allocsim_commands::compare::rank_spec(config, None, None, None, None, spike).map(|_| ()).map_err(py_err)
+    allocsim_commands::compare::rank_spec(config, None, TraceOptions::default(), None, spike).map(|_| ()).map_err(py_err)
 }
 
 /// One file of a ranks comparison, read and replayed (`allocsim_phases::ranks::summarize_rank`):
 /// `source` is its path (str) or its bytes, `name` what its row calls it. Returns the summary as
 /// one line of JSON; a file that cannot be read or replayed gives a summary holding the error.
 #[pyfunction]
-#[pyo3(signature = (source, name, config = None, capacity = None, device_memory = None, device = None, by = None))]
+#[pyo3(signature = (source, name, config = None, capacity = None, device_memory = None, device = None, by = None, trace_capacity = None))]
 #[allow(clippy::too_many_arguments)]
 fn rank_summary(
     py: Python<'_>,
@@ -434,9 +434,10 @@ fn rank_summary(
     device_memory: Option<u64>,
     device: Option<usize>,
     by: Option<String>,
+    trace_capacity: Option<u64>,
 ) -> PyResult<String> {
     use allocsim_phases::ranks::{RankSource, RankSpec, summarize_rank};
-    let spec = RankSpec { config, capacity, device_memory, device, by, spike_ratio: 1.1 };
+    let spec = RankSpec { config, capacity, trace: trace_options(device, device_memory, trace_capacity), by, spike_ratio: 1.1 };
     if let Ok(b) = source.cast::<pyo3::types::PyBytes>() {
         let data = b.as_bytes();
         return Ok(py.detach(|| summarize_rank(RankSource::Bytes(data), &name, &spec).to_json()));
@@ -454,7 +455,7 @@ fn rank_summary(
 #[pyo3(signature = (summaries, spike = 1.1))]
 fn rank_reduce(py: Python<'_>, summaries: Vec<Bound<'_, PyAny>>, spike: f64) -> PyResult<(String, String, i32, Option<String>)> {
     use allocsim_phases::ranks::{RankSummary, reduce_ranks};
-    let spec = allocsim_commands::compare::rank_spec(None, None, None, None, None, spike).map_err(py_err)?;
+    let spec = allocsim_commands::compare::rank_spec(None, None, TraceOptions::default(), None, spike).map_err(py_err)?;
     enum Item {
         Json(String),
         Failed(String, String),

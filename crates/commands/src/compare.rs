@@ -9,7 +9,7 @@ use allocsim_model::AllocatorConfig;
 use allocsim_model::format::format_size;
 use allocsim_model::format::format_size as fs;
 use allocsim_phases::ranks::{RankSpec, Ranks, compare_runs};
-use allocsim_replay::{Prepared, ReplayOutcome, TorchVersion};
+use allocsim_replay::{Prepared, ReplayOutcome};
 use allocsim_trace::Action;
 use allocsim_whatif::compare::{Comparison, Side, compare};
 use comfy_table::{Table, presets};
@@ -60,21 +60,39 @@ impl Answer for CompareAnswer {
 }
 
 /// Two recorded runs of the same requests (the same job under other settings, another card),
-/// each as it was recorded: its own segment events, which a self replay reproduces exactly.
-pub fn compare_recorded(a: Trace<'_>, b: Trace<'_>, device: Option<usize>, top: usize) -> Result<CompareAnswer, Error> {
+/// each as it was recorded: its own segment events, which a self replay reproduces exactly. Of
+/// `o`, only the device and `top` apply; the options of a replay are refused, not ignored.
+pub fn compare_recorded(a: Trace<'_>, b: Trace<'_>, o: &CompareOptions) -> Result<CompareAnswer, Error> {
+    let given: Vec<&str> = [
+        ("--config", o.config.is_some()),
+        ("--config-b", o.config_b.is_some()),
+        ("--capacity", o.capacity.is_some()),
+        ("--device-memory", o.trace.device_memory.is_some()),
+        ("--trace-capacity", o.trace.trace_capacity.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, set)| set.then_some(name))
+    .collect();
+    if !given.is_empty() {
+        return Err(Error::Usage(format!(
+            "{} {} to one trace replayed under two settings (`compare FILE --config A --config-b B`), not to two recorded runs, which are compared as recorded",
+            given.join(", "),
+            if given.len() == 1 { "applies" } else { "apply" }
+        )));
+    }
     let mut notes = Vec::new();
-    let sa = recorded_side(a, device, &mut notes)?;
-    let sb = recorded_side(b, device, &mut notes)?;
-    Ok(CompareAnswer { comparison: compare(&sa, &sb), top, notes })
+    let sa = recorded_side(a, o.trace.device, &mut notes)?;
+    let sb = recorded_side(b, o.trace.device, &mut notes)?;
+    Ok(CompareAnswer { comparison: compare(&sa, &sb), top: o.top, notes })
 }
 
 /// One trace's requests replayed under `o.config` (side A) and `o.config_b` (side B), each the
 /// trace's own settings where not given, under the same allowed maximum and placement.
 pub fn compare_configs(t: Trace<'_>, o: &CompareOptions) -> Result<CompareAnswer, Error> {
-    let p = Prepared::new_for(t.snapshot, o.trace.device, o.trace.device_memory, o.trace.trace_capacity, TorchVersion::DEFAULT)?;
+    let p = o.trace.prepare(t.snapshot)?;
     let cfg = |c: &Option<String>| -> Result<(String, AllocatorConfig), Error> {
         match c {
-            Some(s) => Ok((s.clone(), crate::parse_config(s)?)),
+            Some(s) => Ok((s.clone(), p.parse_config(s)?)),
             None => Ok(("its own settings".into(), p.own.clone())),
         }
     };
@@ -88,7 +106,7 @@ pub fn compare_configs(t: Trace<'_>, o: &CompareOptions) -> Result<CompareAnswer
 
 /// A recorded run as one side: its own segment events (a self replay reproduces them exactly).
 fn recorded_side(t: Trace<'_>, device: Option<usize>, notes: &mut Vec<String>) -> Result<Side, Error> {
-    let p = Prepared::new_for(t.snapshot, device, None, None, TorchVersion::DEFAULT)?;
+    let p = TraceOptions { device, ..TraceOptions::default() }.prepare(t.snapshot)?;
     if let Some(text) = p.choice.describe() {
         notes.push(format!("{}: answering for {text}", t.name));
     }
@@ -199,21 +217,14 @@ pub fn write_comparison(out: &mut dyn Write, c: &allocsim_whatif::compare::Compa
 
 /// The ranks question, its settings and spike ratio checked before any file is read (what
 /// `compare` over ranks and the Python package's `allocsim.fleet` both ask).
-pub fn rank_spec(
-    config: Option<String>,
-    capacity: Option<u64>,
-    device_memory: Option<u64>,
-    device: Option<usize>,
-    by: Option<String>,
-    spike: f64,
-) -> Result<RankSpec, Error> {
+pub fn rank_spec(config: Option<String>, capacity: Option<u64>, trace: TraceOptions, by: Option<String>, spike: f64) -> Result<RankSpec, Error> {
     if let Some(c) = &config {
-        AllocatorConfig::parse(c).map_err(|e| Error::Config { message: format!("--config {c:?}: {e}"), pytorch: e.to_string() })?;
+        crate::parse_config(c)?;
     }
     if spike.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater) {
         return Err(Error::Usage(format!("--spike {spike}: expected a ratio above 1 (e.g. 1.1)")));
     }
-    Ok(RankSpec { config, capacity, device_memory, device, by, spike_ratio: spike })
+    Ok(RankSpec { config, capacity, trace, by, spike_ratio: spike })
 }
 
 /// What `compare` over ranks found.

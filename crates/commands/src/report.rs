@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::{Error, Trace, TraceOptions, parse_config};
+use crate::{Error, Trace, TraceOptions};
 
 /// `report`'s question.
 #[derive(Clone, Debug, Default)]
@@ -31,7 +31,7 @@ pub fn report(t: Trace<'_>, a: &ReportOptions) -> Result<HtmlReport, Error> {
     let mut configs = Vec::new();
     for c in &a.configs {
         let label = if c.trim().is_empty() { "defaults".to_string() } else { c.clone() };
-        configs.push((label, parse_config(c)?));
+        configs.push((label, p.parse_config(c)?));
     }
     if configs.is_empty() {
         let label = if first.source.is_empty() { "defaults (the trace's own)".to_string() } else { format!("{} (the trace's own)", first.source) };

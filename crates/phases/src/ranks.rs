@@ -20,8 +20,7 @@
 
 use std::path::{Path, PathBuf};
 
-use allocsim_model::AllocatorConfig;
-use allocsim_replay::{Prepared, TorchVersion};
+use allocsim_replay::TraceOptions;
 use rayon::prelude::*;
 
 use crate::layout::Layout;
@@ -34,10 +33,10 @@ pub struct RankSpec {
     pub config: Option<String>,
     /// The allowed maximum for every file (`None`: each file's own budget, inferred from its trace).
     pub capacity: Option<u64>,
-    /// The device's total memory (`None`: as each trace shows it, else an H200's).
-    pub device_memory: Option<u64>,
-    /// Which device of each snapshot (default: the one that matters, `allocsim_replay::devices::choose_device`).
-    pub device: Option<usize>,
+    /// How every file was recorded where it does not say (the device's memory, the allowed
+    /// maximum, which device): each file is prepared as every command prepares one
+    /// ([`TraceOptions::prepare_for`]).
+    pub trace: TraceOptions,
     /// Iterations by this annotation (see [`Layout::of`]).
     pub by: Option<String>,
     /// A file spikes in an iteration when its peak allocated is at least this times the median.
@@ -167,11 +166,7 @@ fn measure_file(source: RankSource<'_>, spec: &RankSpec, r: &mut RunRow) -> Resu
         RankSource::Bytes(bytes) => allocsim_trace::read_trace_bytes(bytes),
     }
     .map_err(|e| e.to_string())?;
-    let p = Prepared::new_for(&snap, spec.device, spec.device_memory, None, TorchVersion::DEFAULT).map_err(|e| e.to_string())?;
-    let config = match &spec.config {
-        Some(c) => AllocatorConfig::parse(c).map_err(|e| format!("--config {c:?}: {e}"))?,
-        None => p.own.clone(),
-    };
+    let (p, config) = spec.trace.prepare_for(&snap, spec.config.as_deref(), spec.capacity).map_err(|e| e.to_string())?;
     let layout = Layout::of(&p, spec.by.as_deref()).map_err(|e| e.to_string())?;
     let ph = measure(&p, &layout, &config, spec.capacity, &p.recorded_placement(), 0);
     r.device = Some(ph.device);
@@ -396,7 +391,7 @@ mod tests {
     #[test]
     fn summaries_cross_as_json_and_reduce_as_rows_rank() {
         let rows = vec![r("a", &[100, 100], None), r("bb", &[100, 150], Some((2, 30)))];
-        let spec = RankSpec { config: None, capacity: None, device_memory: None, device: None, by: None, spike_ratio: 1.1 };
+        let spec = RankSpec { config: None, capacity: None, trace: TraceOptions::default(), by: None, spike_ratio: 1.1 };
         let summaries: Vec<RankSummary> = rows
             .iter()
             .map(|row| {
@@ -421,7 +416,7 @@ mod tests {
     #[test]
     fn a_file_and_its_bytes_summarize_alike() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces/field/ranks");
-        let spec = RankSpec { config: None, capacity: None, device_memory: None, device: None, by: None, spike_ratio: 1.1 };
+        let spec = RankSpec { config: None, capacity: None, trace: TraceOptions::default(), by: None, spike_ratio: 1.1 };
         let path = dir.join("rank1.pickle.gz");
         let a = summarize_rank(RankSource::Path(&path), "rank1", &spec);
         let bytes = std::fs::read(&path).unwrap();

@@ -22,6 +22,6 @@ pub mod version;
 pub use budget::{Budget, BudgetKind};
 pub use program::{Op, PoolAction, Program, Request};
 pub use replay::{EmptyCacheCalls, OutsideMemory, ReplayOptions, ReplayOutcome, plausible_placements, recorded_placement, replay, replay_observed, replay_on};
-pub use run::{Prepared, ReplaySpec, ReplaySummary, Replayed, RunError, recorded_config, run};
+pub use run::{Prepared, ReplaySpec, ReplaySummary, Replayed, RunError, TraceOptions, recorded_config, run};
 pub use validate::{Validation, validate};
 pub use version::TorchVersion;

@@ -48,11 +48,26 @@ impl ReplaySpec<'_> {
         let version = self.rules(recorded).version;
         let own = settings_config(recorded, version)?;
         let config = match &self.config {
-            Some(c) if version == TorchVersion::DEFAULT => AllocatorConfig::parse(c).map_err(|err| RunError::Config { conf: c.clone(), err })?,
-            Some(c) => version.parse_config(c).map_err(|err| RunError::ConfigFor { conf: c.clone(), err, version })?,
+            Some(c) => parse_config_for(c, version)?,
             None => own.clone(),
         };
         Ok((own, config))
+    }
+
+    /// The trace made ready for this replay (the device chosen, or `given` with its trace), the
+    /// trace's own settings and the config to replay under: the one place where a question's
+    /// options decide the rules, the settings and the allowed maximum the trace was recorded
+    /// under ([`ReplaySpec::trace_capacity_for`]).
+    fn prepare(&self, snap: &Snapshot, given: Option<(crate::devices::DeviceChoice, Vec<TraceEntry>)>) -> Result<(Prepared, AllocatorConfig), RunError> {
+        let (own, config) = self.configs(&snap.settings)?;
+        let version = self.rules(&snap.settings).version;
+        // Where were the empty_cache() calls? Decided under the trace's own settings and addresses.
+        let trace_capacity = self.trace_capacity_for(&own, &config);
+        let prepared = match given {
+            Some((choice, trace)) => Prepared::new_with(snap, choice, trace, self.device_memory, trace_capacity, version)?,
+            None => Prepared::new_for(snap, self.device, self.device_memory, trace_capacity, version)?,
+        };
+        Ok((prepared, config))
     }
 
     /// Which release's rules apply to a trace recorded with `recorded`, and why.
@@ -70,6 +85,57 @@ impl ReplaySpec<'_> {
 }
 
 pub use crate::error::{MAX_PLACEMENTS, RunError};
+
+/// A settings string (`--config`) as PyTorch `version` parses it: the one place a user's
+/// `PYTORCH_CUDA_ALLOC_CONF` is read for a replay.
+pub fn parse_config_for(conf: &str, version: TorchVersion) -> Result<AllocatorConfig, RunError> {
+    if version == TorchVersion::DEFAULT {
+        AllocatorConfig::parse(conf).map_err(|err| RunError::Config { conf: conf.to_string(), err })
+    } else {
+        version.parse_config(conf).map_err(|err| RunError::ConfigFor { conf: conf.to_string(), err, version })
+    }
+}
+
+/// What a trace does not say about how it was recorded (every field `None`: inferred), as every
+/// command but `replay` takes it: one device, the rules the snapshot shows.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TraceOptions {
+    /// The device's total memory (default: as the trace shows it, else an H200's).
+    pub device_memory: Option<u64>,
+    /// The allowed maximum the trace was recorded under (tells its `empty_cache()` calls from the
+    /// releases its own OOM retries made). Default: inferred from the trace's OOM entries and
+    /// segment events, with the memory held outside the allocator; replaying under the trace's
+    /// own settings with a capacity given, that capacity.
+    pub trace_capacity: Option<u64>,
+    /// Which device's trace (default: the one that ran out of memory, else the one with the
+    /// highest peak reserved; with no trace entries, the one holding the segments; see
+    /// [`crate::devices::choose_device`]).
+    pub device: Option<usize>,
+}
+
+impl TraceOptions {
+    /// The trace made ready for replays under any settings.
+    pub fn prepare(&self, snap: &Snapshot) -> Result<Prepared, RunError> {
+        self.prepare_for(snap, None, None).map(|(p, _)| p)
+    }
+
+    /// The trace made ready for a replay under `config` (default: the trace's own settings) and
+    /// `capacity`, and that config, as [`run`] prepares it ([`ReplaySpec`]'s rules: the release the
+    /// snapshot shows, the config parsed as it parses it, `capacity` taken as the cap the trace
+    /// was recorded under when replaying under its own settings unless `trace_capacity` says
+    /// otherwise).
+    pub fn prepare_for(&self, snap: &Snapshot, config: Option<&str>, capacity: Option<u64>) -> Result<(Prepared, AllocatorConfig), RunError> {
+        let spec = ReplaySpec {
+            config: config.map(str::to_string),
+            capacity,
+            device_memory: self.device_memory,
+            trace_capacity: self.trace_capacity,
+            device: self.device,
+            ..ReplaySpec::default()
+        };
+        spec.prepare(snap, None)
+    }
+}
 
 /// Everything one replay computes.
 #[derive(Clone, Debug)]
@@ -312,6 +378,8 @@ pub struct Prepared {
     pub program: Program,
     /// The settings the trace was recorded under.
     pub own: AllocatorConfig,
+    /// The PyTorch release whose rules its replays follow.
+    pub version: TorchVersion,
     /// The allowed maximum the trace was recorded under (given, or the one inferred).
     pub trace_capacity: Option<u64>,
     pub device_memory: u64,
@@ -451,6 +519,7 @@ impl Prepared {
             segments,
             program,
             own,
+            version,
             trace_capacity: budget.capacity(),
             device_memory,
             budget,
@@ -462,6 +531,11 @@ impl Prepared {
                 if own.is_empty() { snap.annotations.clone() } else { own }
             },
         })
+    }
+
+    /// A settings string as this trace's release parses it ([`parse_config_for`]).
+    pub fn parse_config(&self, conf: &str) -> Result<AllocatorConfig, RunError> {
+        parse_config_for(conf, self.version)
     }
 
     /// The limits a replay runs under: `capacity` when given (and nothing held outside the
@@ -581,14 +655,7 @@ fn run_with(snap: &Snapshot, spec: &ReplaySpec<'_>, given: Option<(crate::device
     {
         return Err(RunError::Placements(n));
     }
-    let (own, config) = spec.configs(&snap.settings)?;
-    let version = spec.rules(&snap.settings).version;
-    // Where were the empty_cache() calls? Decided under the trace's own settings and addresses.
-    let trace_capacity = spec.trace_capacity_for(&own, &config);
-    let prepared = match given {
-        Some((choice, trace)) => Prepared::new_with(snap, choice, trace, spec.device_memory, trace_capacity, version)?,
-        None => Prepared::new_for(snap, spec.device, spec.device_memory, trace_capacity, version)?,
-    };
+    let (prepared, config) = spec.prepare(snap, given)?;
     let placement = match spec.addresses_from {
         Some(other) => recorded_placement_from(
             other.device_traces.get(prepared.device).map_or(&[], |v| v.as_slice()),

@@ -271,6 +271,7 @@ def compare(
     config: Optional[str] = None,
     capacity: Size = None,
     device_memory: Size = None,
+    trace_capacity: Size = None,
     device: Optional[int] = None,
     by: Optional[str] = None,
     spike: float = 1.1,
@@ -288,7 +289,7 @@ def compare(
     to: ``ray.init(address=address)`` unless Ray is initialised already, shut down afterwards only
     if this call started it; ``task_options`` are passed to ``.options()``, e.g.
     ``{"memory": 2 << 30}``, default ``num_cpus=1``). ``config``, ``capacity``, ``device_memory``,
-    ``device``, ``by``, ``spike``: as ``allocsim compare``'s options. ``progress``: a bar over the
+    ``trace_capacity``, ``device``, ``by``, ``spike``: as ``allocsim compare``'s options. ``progress``: a bar over the
     files on stderr (tqdm's if installed), by default only when stderr is a terminal.
     ``storage_options`` go to fsspec. Local files are read by each task at their absolute path
     (on a cluster, a path every node sees), and their rows keep the names as given.
@@ -303,6 +304,7 @@ def compare(
         config=config,
         capacity=_size(capacity, "capacity"),
         device_memory=_size(device_memory, "device_memory"),
+        trace_capacity=_size(trace_capacity, "trace_capacity"),
         device=device,
         by=by,
     )

@@ -29,6 +29,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--config", help="a PYTORCH_CUDA_ALLOC_CONF string for every file (default: each file's own settings)")
     ap.add_argument("--capacity", help="the allowed maximum for every file (default: each trace's own budget)")
     ap.add_argument("--device-memory", help="the device's total memory (default: as each trace shows it, else an H200's)")
+    ap.add_argument("--trace-capacity", help="the allowed maximum every file was recorded under (default: inferred from each trace)")
     ap.add_argument("--device", type=int, help="which device's trace, in every file")
     ap.add_argument("--by", help="iterations by this annotation (default: the optimizer's step)")
     ap.add_argument("--spike", type=float, default=1.1, help="a file spikes when an iteration's peak is at least this times the median (default 1.1)")
@@ -47,6 +48,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             config=a.config,
             capacity=a.capacity,
             device_memory=a.device_memory,
+            trace_capacity=a.trace_capacity,
             device=a.device,
             by=a.by,
             spike=a.spike,
