@@ -1,11 +1,13 @@
 //! Commands agree on one file: `replay`, `compare` (of a recording with itself: its recorded
 //! segment events from the reconstructed start state, not a replay), `compare --ranks` and
 //! `explain --at peak` give the same peak reserved, and the last two the same reserved-but-
-//! unallocated figure at that peak, on every recording in traces/ and traces/field. Most of the
-//! The device's total memory (given, inferred or assumed: one inference, `budget::infer_device_memory`)
-//! is the same in `replay`, `validate` and `explain` too. Most of the
-//! field recordings start mid-history (a 2 MiB segment reserved before recording began), where the
-//! two-file `compare` once counted from zero.
+//! unallocated figure at that peak, on every recording in traces/ and traces/field. The device's
+//! total memory (given, inferred or assumed: one inference, `budget::infer_device_memory`) is the
+//! same in `replay`, `validate` and `explain` too. Most of the field recordings start mid-history
+//! (a 2 MiB segment reserved before recording began), where the two-file `compare` once counted
+//! from zero. The recordings whose settings changed during the run (which `validate` does not
+//! reproduce) are checked apart: the replays agree with each other and say that they are not the
+//! recording, and `compare A A` gives the recorded peak.
 
 mod common;
 
@@ -35,6 +37,9 @@ fn u(v: &Value, what: &str) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("{what}: not a number: {v}"))
 }
 
+/// Recordings checked as not reproduced because their settings changed during the run.
+static SETTINGS_CHANGED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// ([replay, compare, ranks, explain] peak reserved, [ranks, explain] unallocated at it,
 /// [replay, validate, explain] device memory), each command run once.
 fn figures(f: &str) -> Option<([u64; 4], [u64; 2], [u64; 3])> {
@@ -51,8 +56,22 @@ fn figures(f: &str) -> Option<([u64; 4], [u64; 2], [u64; 3])> {
     assert!(matches!(v.status.code(), Some(0 | 1)), "{f}: validate exited {:?}", v.status.code());
     let validate: Value = serde_json::from_slice(&v.stdout).unwrap_or_else(|e| panic!("{f}: validate printed no JSON: {e}"));
     if v.status.code() == Some(1) {
-        // Not reproduced (settings changed at run time): `compare A A` reports the recorded
-        // peak there and `replay` the simulated one, a disagreement not yet resolved (issue 26).
+        // Not reproduced (settings changed at run time): `replay`, `explain` and the rank answer
+        // for a replay under the last settings, and `replay` says that it is not the recording and
+        // what the trace shows of other settings; `compare A A` compares the two runs as recorded:
+        // PyTorch's own peak, which the recording's metadata holds.
+        assert_eq!(replay["budget"]["reproduces"], false, "{f}: validate says NOT exact");
+        assert_eq!(replay["settings_changed"], validate["settings_changed"], "{f}: replay and validate name the settings changes alike");
+        assert!(replay["settings_changed"].as_array().is_some_and(|a| !a.is_empty()), "{f}: replay says nothing of the settings change");
+        let text = common::success(&["replay", f]);
+        assert!(text.contains("settings changed  likely during the run"), "{f}: {text}");
+        let meta: Value = serde_json::from_str(&std::fs::read_to_string(f.replace(".pickle.gz", ".json")).unwrap()).unwrap();
+        let recorded = u(&meta["memory_stats"]["reserved_bytes.all.peak"], "PyTorch's memory_stats()");
+        assert_eq!(u(&compare["peak_reserved"][0], "compare"), recorded, "{f}: compare A A is the recorded run");
+        let simulated = u(&replay["stats"]["reserved_bytes.all.peak"], "replay");
+        let others = [u(&row["peak_reserved"], "compare --ranks"), u(&explain["free"]["reserved"], "explain --at peak")];
+        assert_eq!(others, [simulated; 2], "{f}: peak reserved of (compare --ranks, explain --at peak) against replay's");
+        SETTINGS_CHANGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return None;
     }
     let dm = [
@@ -108,6 +127,10 @@ fn replay_compare_and_explain_give_one_peak() {
     }
     assert!(bad.is_empty(), "{} of {} recordings disagree:\n{}", bad.len(), results.len(), bad.join("\n"));
     assert!(mid_history_peaks >= 37, "{mid_history_peaks} field recordings checked");
+    // settings_midrun, test_allocator_settings, test_max_split_expandable and
+    // test_mempool_expandable in traces/field/test_cuda, each under two settings.
+    let changed = SETTINGS_CHANGED.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(changed >= 8, "{changed} recordings whose settings changed during the run checked");
 }
 
 /// A job on a card larger than an H200: the same recording with 160 GiB more free at each OOM, so

@@ -225,6 +225,8 @@ fn replay_json(args: &ReplayAnswer, r: &ReplaySummary, all: &[ReplaySummary]) ->
         "fragmentation": fragmentation_json(o),
         "budget": r.budget.as_ref().map(|b| b.to_json()),
         "budget_ends": r.budget_ends,
+        "not_reproduced": r.not_reproduced,
+        "settings_changed": r.settings_changed,
     })
 }
 
@@ -243,17 +245,42 @@ fn write_replay_text(out: &mut dyn Write, args: &ReplayAnswer, all: &[ReplaySumm
     Ok(())
 }
 
+/// Where the replay under the trace's own settings does not make its recorded segment events and
+/// OOMs: a line saying so (unless the budget's lines said it, `said`), and what the trace shows
+/// of other settings in force for part of the run, so that no answer rests silently on a replay
+/// that differs from the recording.
+fn write_unreproduced(out: &mut dyn Write, r: &ReplaySummary, said: bool) -> std::io::Result<()> {
+    if !r.not_reproduced {
+        return Ok(());
+    }
+    if !said {
+        writeln!(
+            out,
+            "  not reproduced    the replay under the trace's own settings does not make every recorded segment event and OOM (`allocsim validate` says where)"
+        )?;
+    }
+    if !r.settings_changed.is_empty() {
+        writeln!(out, "  settings changed  likely during the run (a snapshot records only the last ones, and the replay runs under those throughout):")?;
+        for why in &r.settings_changed {
+            writeln!(out, "    - {why}")?;
+        }
+    }
+    Ok(())
+}
+
 fn write_device_text(out: &mut dyn Write, args: &ReplayAnswer, r: &ReplaySummary) -> std::io::Result<()> {
     let o = &r.outcome;
     let placement_independent = r.options.config.expandable_segments;
     let s = &o.stats;
     let conf = if r.options.config.source.is_empty() { "defaults".to_string() } else { r.options.config.source.clone() };
     writeln!(out, "{} (device {}): {} requests replayed under {conf}", args.name, r.device, r.requests)?;
+    let mut said_unreproduced = false;
     match &r.budget {
         Some(b) if args.options.capacity.is_none() && (b.kind.is_some() || b.device_memory.source == allocsim_replay::budget::DeviceMemorySource::Inferred) => {
             for line in budget_lines(b) {
                 writeln!(out, "  budget            {line}")?;
             }
+            said_unreproduced = b.kind.is_some();
         }
         _ => {
             if let Some(c) = r.options.capacity {
@@ -261,6 +288,7 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayAnswer, r: &ReplaySummary
             }
         }
     }
+    write_unreproduced(out, r, said_unreproduced)?;
     if let [lo, hi] = r.budget_ends.as_slice() {
         let at = |e: &allocsim_replay::run::BudgetEnd| match e.first_oom {
             Some(q) => format!("{} OOMs from request {q}", e.ooms),

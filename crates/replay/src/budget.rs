@@ -288,6 +288,16 @@ impl Budget {
         self.allowed_used
     }
 
+    /// Whether the trace's own replay, under its recorded settings and the budget inferred from
+    /// it, does not make its recorded segment events and OOMs (`recorded`: how many it has): the
+    /// recording is not reproduced (its settings changed during the run, or the model misses a
+    /// rule). A budget given (`--capacity` under the own settings, `--trace-capacity`) asks a
+    /// question instead, whose replay need not be the recording; a trace that records neither
+    /// (`allocsim synth`'s) has nothing to reproduce.
+    pub fn recording_not_reproduced(&self, recorded: usize) -> bool {
+        !self.reproduces && self.kind != Some(BudgetKind::Given) && recorded > 0
+    }
+
     /// Whether the allowed maximum is known only as an interval wider than one value.
     pub fn allowed_is_interval(&self) -> bool {
         matches!((self.allowed_low, self.allowed_high), (Some(l), Some(h)) if l < h) && self.kind != Some(BudgetKind::Given)

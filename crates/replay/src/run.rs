@@ -160,6 +160,8 @@ pub struct Replayed {
     pub budget_ends: Vec<BudgetEnd>,
     /// Which release's rules the replay used, and why.
     pub rules: crate::version::Rules,
+    /// The settings the trace was recorded under (those of `options` for a replay of its own).
+    pub own: AllocatorConfig,
 }
 
 /// The outcome of a replay at one end of an inferred allowed maximum.
@@ -177,8 +179,17 @@ impl Replayed {
         self.outcome.empty_cache_requests.clone()
     }
 
+    /// What the trace shows of settings other than the recorded ones having been in force for
+    /// part of the run ([`crate::settings_change::evidence`]; empty: nothing shows it).
+    pub fn settings_change_evidence(&self) -> Vec<String> {
+        crate::settings_change::evidence(&self.trace, &self.program, &self.own, &self.budget, self.rules.settings_note.as_deref())
+    }
+
     /// What `allocsim replay` reports of it.
     pub fn into_summary(self) -> ReplaySummary {
+        let recorded = self.trace.iter().filter(|e| e.action.is_segment_event() || e.action == allocsim_trace::Action::Oom).count();
+        let not_reproduced = self.budget.recording_not_reproduced(recorded);
+        let settings_changed = if not_reproduced { self.settings_change_evidence() } else { Vec::new() };
         let device_memory = self.options.device_memory;
         // One walk over the trace for all OOMs (they come in trace order), and the memory outside
         // the allocator computed once: each by itself is a pass over the trace.
@@ -223,6 +234,8 @@ impl Replayed {
             budget: Some(self.budget),
             budget_ends: self.budget_ends,
             rules: Some(self.rules),
+            not_reproduced,
+            settings_changed,
         }
     }
 }
@@ -262,6 +275,13 @@ pub struct ReplaySummary {
     /// Which release's rules the replay used, and why (`None`: not said by the path that made
     /// the summary).
     pub rules: Option<crate::version::Rules>,
+    /// The replay under the trace's own settings and the budget inferred from it does not make
+    /// the trace's recorded segment events and OOMs ([`Budget::recording_not_reproduced`]). A
+    /// stream never answers such a trace: it falls back to the in-memory replay.
+    pub not_reproduced: bool,
+    /// Where `not_reproduced`: what the trace shows of other settings in force for part of the
+    /// run ([`Replayed::settings_change_evidence`]).
+    pub settings_changed: Vec<String>,
 }
 
 /// The settings the snapshot was recorded under.
@@ -688,10 +708,10 @@ fn run_with(snap: &Snapshot, spec: &ReplaySpec<'_>, given: Option<(crate::device
             budget_ends.push(BudgetEnd { capacity, first_oom: o.first_oom(), ooms: o.ooms.len(), peak_reserved: o.peak_reserved });
         }
     }
-    let Prepared { device, choice, program, trace, segments, budget, own_outcome, .. } = prepared;
+    let Prepared { device, choice, program, trace, segments, budget, own_outcome, own, .. } = prepared;
     let outcome = outcome.unwrap_or(own_outcome);
     let rules = spec.rules(&snap.settings);
-    Ok(Replayed { device, choice, program, options, outcome, placements, trace, segments, own_settings, budget, budget_ends, rules })
+    Ok(Replayed { device, choice, program, options, outcome, placements, trace, segments, own_settings, budget, budget_ends, rules, own })
 }
 
 /// Replays every device with entries (`spec.device` is ignored), in parallel; results in device

@@ -1233,6 +1233,12 @@ impl<'a> DeviceStream<'a> {
         }
         self.own.complete_held();
         self.budget.reproduces = crate::budget::made_recorded(&self.recorded_events, &self.recorded_ooms, self.own.segment_events(), self.own.ooms());
+        if self.budget.recording_not_reproduced(self.recorded_events.len() + self.recorded_ooms.len()) {
+            // The answer must say what the trace shows of other settings in force for part of
+            // the run (`Replayed::settings_change_evidence`), which reads the whole trace.
+            let why = format!("device {}'s own replay does not make its recorded segment events and OOMs", self.device);
+            return Ok((Finished::Fallback(why), seen));
+        }
         let mut reported = match self.target {
             Some(t) => t,
             None => self.own,
@@ -1273,6 +1279,8 @@ impl<'a> DeviceStream<'a> {
             budget: Some(self.budget),
             budget_ends: Vec::new(),
             rules: None,
+            not_reproduced: false,
+            settings_changed: Vec::new(),
         };
         Ok((Finished::Done(Box::new(summary)), seen))
     }

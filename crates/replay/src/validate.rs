@@ -98,8 +98,7 @@ pub fn validate(r: &Replayed) -> Validation {
     let final_segments = compare_final_segments(r);
     let findings = findings(r);
     let exact = segment_events.exact() && ooms.exact() && alloc_addresses.exact() && final_segments.exact() && findings.is_empty();
-    let settings_changed =
-        if exact { Vec::new() } else { crate::settings_change::evidence(&r.trace, &r.program, &r.options.config, &r.budget, r.rules.settings_note.as_deref()) };
+    let settings_changed = if exact { Vec::new() } else { r.settings_change_evidence() };
     Validation { exact, settings_changed, findings, segment_events, ooms, alloc_addresses, final_segments }
 }
 
