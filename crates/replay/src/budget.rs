@@ -289,13 +289,13 @@ impl Budget {
     }
 
     /// Whether the trace's own replay, under its recorded settings and the budget inferred from
-    /// it, does not make its recorded segment events and OOMs (`recorded`: how many it has): the
+    /// it, does not make its recorded segment events and OOMs (`records_any`: whether it has one, asked only when the replay differs): the
     /// recording is not reproduced (its settings changed during the run, or the model misses a
     /// rule). A budget given (`--capacity` under the own settings, `--trace-capacity`) asks a
     /// question instead, whose replay need not be the recording; a trace that records neither
     /// (`allocsim synth`'s) has nothing to reproduce.
-    pub fn recording_not_reproduced(&self, recorded: usize) -> bool {
-        !self.reproduces && self.kind != Some(BudgetKind::Given) && recorded > 0
+    pub fn recording_not_reproduced(&self, records_any: impl FnOnce() -> bool) -> bool {
+        !self.reproduces && self.kind != Some(BudgetKind::Given) && records_any()
     }
 
     /// Whether the allowed maximum is known only as an interval wider than one value.

@@ -187,8 +187,8 @@ impl Replayed {
 
     /// What `allocsim replay` reports of it.
     pub fn into_summary(self) -> ReplaySummary {
-        let recorded = self.trace.iter().filter(|e| e.action.is_segment_event() || e.action == allocsim_trace::Action::Oom).count();
-        let not_reproduced = self.budget.recording_not_reproduced(recorded);
+        let not_reproduced =
+            self.budget.recording_not_reproduced(|| self.trace.iter().any(|e| e.action.is_segment_event() || e.action == allocsim_trace::Action::Oom));
         let settings_changed = if not_reproduced { self.settings_change_evidence() } else { Vec::new() };
         let device_memory = self.options.device_memory;
         // One walk over the trace for all OOMs (they come in trace order), and the memory outside

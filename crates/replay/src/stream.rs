@@ -1233,7 +1233,7 @@ impl<'a> DeviceStream<'a> {
         }
         self.own.complete_held();
         self.budget.reproduces = crate::budget::made_recorded(&self.recorded_events, &self.recorded_ooms, self.own.segment_events(), self.own.ooms());
-        if self.budget.recording_not_reproduced(self.recorded_events.len() + self.recorded_ooms.len()) {
+        if self.budget.recording_not_reproduced(|| !self.recorded_events.is_empty() || !self.recorded_ooms.is_empty()) {
             // The answer must say what the trace shows of other settings in force for part of
             // the run (`Replayed::settings_change_evidence`), which reads the whole trace.
             let why = format!("device {}'s own replay does not make its recorded segment events and OOMs", self.device);
