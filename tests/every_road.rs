@@ -238,6 +238,21 @@ fn the_disagreements_found_stay_fixed() {
             card: 2,
             cut_percent: None,
         },
+        // A free block inserted twice into its pool (the model's
+        // `insert_into_blocks` assertion) on the speculative road.
+        Case {
+            workload: 1,
+            seed: 9594158606167631955,
+            requests: 2708,
+            streams: 2,
+            recorded: 0,
+            cap_percent: Some(56),
+            relabel: false,
+            ask: None,
+            ask_cap_percent: None,
+            card: 0,
+            cut_percent: None,
+        },
     ];
     for c in &found {
         check(c).unwrap_or_else(|e| panic!("{e}"));

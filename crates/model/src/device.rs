@@ -49,6 +49,12 @@ pub enum Placement {
 const VA_BASE: u64 = 0x7f00_0000_0000;
 const VA_ALIGN: u64 = 2 << 20;
 
+/// The first fresh address for segments placed past the recorded ones: aligned, and a gap above
+/// the highest recorded address `top`.
+fn fresh_above(top: u64) -> u64 {
+    top.div_ceil(VA_ALIGN).saturating_mul(VA_ALIGN).saturating_add(1 << 40)
+}
+
 /// Whether `[addr, addr + size)` overlaps a live range.
 fn occupied(live: &BTreeMap<u64, u64>, addr: u64, size: u64) -> bool {
     let end = addr.saturating_add(size);
@@ -97,7 +103,7 @@ impl SimDevice {
             Placement::Random(seed) => rng ^= seed.wrapping_mul(0x2545_f491_4f6c_dd1d),
             _ => {}
         }
-        let bump_up = top.div_ceil(VA_ALIGN) * VA_ALIGN + (1 << 40);
+        let bump_up = fresh_above(top);
         SimDevice {
             total,
             used: 0,
@@ -119,11 +125,22 @@ impl SimDevice {
     /// ([`SimDevice::recorded_misses`]) places every segment as it would knowing the whole list.
     pub fn extend_recorded(&mut self, segments: &[(u64, u64)], reservations: &[u64]) {
         if let Placement::Recorded { segments: all_segments, reservations: all_reservations } = &mut self.placement {
+            let mut top = self.bump_up;
             for &(addr, size) in segments {
                 self.recorded_by_size.entry(size).or_default().0.push((addr, false));
+                top = top.max(addr.saturating_add(size));
+            }
+            for &b in reservations {
+                top = top.max(b.saturating_add(1 << 40));
             }
             all_segments.extend_from_slice(segments);
             all_reservations.extend_from_slice(reservations);
+            // Fresh addresses stay above every recorded one, learned before or now (as `new`
+            // puts them): a segment placed past the list never takes a range a recorded
+            // segment placed later would take too.
+            if top > self.bump_up {
+                self.bump_up = fresh_above(top);
+            }
         }
     }
 
@@ -216,6 +233,7 @@ impl SimDevice {
                 a
             }
         };
+        debug_assert!(!self.occupied(addr, size), "a segment placed over a live one at {addr:#x}");
         self.live.insert(addr, addr + size);
         addr
     }
@@ -274,5 +292,29 @@ impl Device for SimDevice {
     }
     fn set_outside_memory(&mut self, bytes: u64) {
         self.outside = bytes;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A segment placed past the recorded list before a recorded address is learned
+    /// (`extend_recorded`) must not overlap it when a recorded segment takes that address later.
+    #[test]
+    fn fresh_addresses_stay_clear_of_addresses_learned_later() {
+        let mut d = SimDevice::new(1 << 40, Placement::Recorded { segments: Vec::new(), reservations: Vec::new() });
+        let mib = 1 << 20;
+        // Nothing is known yet: a 20 MiB segment goes to a fresh address.
+        let fresh = d.malloc(20 * mib).unwrap();
+        // The recorded run's second segment turns out to sit right above where fresh ones begin.
+        let learned = fresh + (40 * mib);
+        d.extend_recorded(&[(learned, 2 * mib)], &[]);
+        assert_eq!(d.malloc(2 * mib), Some(learned));
+        // A further fresh segment must not take the learned segment's range.
+        let next = d.malloc(64 * mib).unwrap();
+        assert!(next >= learned + 2 * mib || next + 64 * mib <= learned, "{next:#x} overlaps {learned:#x}");
+        assert!(!(fresh..fresh + 20 * mib).contains(&next));
+        assert_eq!(d.recorded_misses(), 2);
     }
 }
