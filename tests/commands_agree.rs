@@ -65,6 +65,22 @@ fn figures(f: &str) -> Option<([u64; 4], [u64; 2], [u64; 3])> {
         assert!(replay["settings_changed"].as_array().is_some_and(|a| !a.is_empty()), "{f}: replay says nothing of the settings change");
         let text = common::success(&["replay", f]);
         assert!(text.contains("settings changed  likely during the run"), "{f}: {text}");
+        // Every other answer about the trace says it too, with the same facts.
+        let others = [
+            ("explain --at peak", explain.clone()),
+            ("explain", json(&["explain", "--json", f])),
+            ("phases", json(&["phases", "--json", f])),
+            ("fit", json(&["fit", "--json", f])),
+            ("sweep", json(&["sweep", "--grid", "expandable_segments=True", "--json", f])),
+        ];
+        for (what, j) in &others {
+            assert_eq!(j["not_reproduced"], true, "{f}: {what} does not say that the replay is not the recording");
+            assert_eq!(j["settings_changed"], validate["settings_changed"], "{f}: {what} and validate name the settings changes alike");
+        }
+        for what in [&["explain", f][..], &["phases", f], &["fit", f]] {
+            let text = common::success(what);
+            assert!(text.contains("not reproduced    the replay under the trace's own settings"), "{f}: {what:?} says nothing:\n{text}");
+        }
         let meta: Value = serde_json::from_str(&std::fs::read_to_string(f.replace(".pickle.gz", ".json")).unwrap()).unwrap();
         let recorded = u(&meta["memory_stats"]["reserved_bytes.all.peak"], "PyTorch's memory_stats()");
         assert_eq!(u(&compare["peak_reserved"][0], "compare"), recorded, "{f}: compare A A is the recorded run");
@@ -74,6 +90,7 @@ fn figures(f: &str) -> Option<([u64; 4], [u64; 2], [u64; 3])> {
         SETTINGS_CHANGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return None;
     }
+    assert_eq!((&replay["not_reproduced"], &explain["not_reproduced"]), (&Value::Bool(false), &Value::Bool(false)), "{f}: validate says exact");
     let dm = [
         u(&replay["budget"]["device_memory"], "replay"),
         u(&validate["budget"]["device_memory"], "validate"),

@@ -120,3 +120,28 @@ fn report_renders_in_headless_chromium() {
     let console_errors: Vec<&str> = log.lines().filter(|l| l.contains("CONSOLE") || l.contains("Uncaught")).collect();
     assert!(console_errors.is_empty(), "console errors: {console_errors:?}");
 }
+
+/// A recording its own replay does not reproduce (settings changed at run time, traces/field/
+/// test_cuda) says so at the top of its page, with the facts `validate` names; one it
+/// reproduces does not. The page names the release whose rules replayed it.
+#[test]
+fn report_says_when_the_replay_is_not_the_recording() {
+    let page = |name: &str| {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
+        let snap = read_trace(&path).unwrap();
+        let p = allocsim_replay::TraceOptions::default().prepare(&snap).unwrap();
+        let configs = vec![("own".to_string(), p.own.clone())];
+        (html::render(&html::build(&p, name, &configs, None, &p.recorded_placement())), p)
+    };
+    let (changed, p) = page("traces/field/test_cuda/settings_midrun__default.pickle.gz");
+    let n = p.not_reproduced().expect("settings_midrun's replay is not the recording");
+    assert!(!n.settings_changed.is_empty());
+    assert!(changed.contains("id=\"not-reproduced\""), "no warning on the page");
+    for why in &n.settings_changed {
+        assert!(changed.contains(&why.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")), "{why} not on the page");
+    }
+    assert!(changed.contains(&format!("model of PyTorch {}'s", p.rules.version)));
+    let (reproduced, p) = page("traces/frag__default__2048M.pickle.gz");
+    assert!(p.not_reproduced().is_none(), "frag__default__2048M is reproduced");
+    assert!(!reproduced.contains("id=\"not-reproduced\""));
+}

@@ -123,3 +123,23 @@ fn a_refused_settings_string_replays_under_the_recorded_values() {
     let j = json(&["replay", f.arg(), "--json"]);
     assert_eq!(j["segment_events"][0]["action"], "segment_map");
 }
+
+/// Every settings string a command replays under is parsed as the trace's release parses it: a
+/// grid point or `fit --config` with a key only later releases accept is a row of a 2.15
+/// snapshot, not a refusal (as `--config` is: `Prepared::parse_config`).
+#[test]
+fn grids_are_parsed_as_the_traces_release_parses_them() {
+    let f = TempFile::new("v215_grid.json");
+    let settings = format!(r#""PYTORCH_CUDA_ALLOC_CONF": "expandable_segments_reserve:0.5", {SETTINGS_2_11}"#);
+    std::fs::write(&f.0, snapshot(&settings)).unwrap();
+    let later = "expandable_segments:True,expandable_segments_reserve:0.5";
+    let j = json(&["sweep", f.arg(), "--grid", "expandable_segments=True; expandable_segments_reserve=0.5", "--placements", "1", "--json"]);
+    let rows = j["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{j}");
+    assert_eq!((rows[0]["conf"].as_str(), &rows[0]["rejected"]), (Some(later), &serde_json::Value::Null), "{j}");
+    let j = json(&["fit", f.arg(), "--config", later, "--json"]);
+    assert!(j.get("rejected").is_none() && j["capacity"].is_u64(), "{j}");
+    // A 2.11 recording refuses the key, as PyTorch 2.11 does.
+    let j = json(&["sweep", "traces/frag__default__2048M.pickle.gz", "--grid", "expandable_segments_reserve=0.5", "--placements", "1", "--json"]);
+    assert!(j["rows"][0]["rejected"].as_str().is_some_and(|e| e.contains("Unrecognized key")), "{j}");
+}

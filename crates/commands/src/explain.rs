@@ -4,6 +4,7 @@ use std::io::{self, Write};
 
 use allocsim_model::AllocatorConfig;
 use allocsim_model::format::format_size as fs;
+use allocsim_replay::settings_change::NotReproduced;
 use allocsim_report::explain::{At, CANDIDATES, Explanation, OomCause};
 use allocsim_trace::Snapshot;
 use serde_json::Value;
@@ -61,13 +62,15 @@ pub fn explain(t: Trace<'_>, addresses_from: Option<&Snapshot>, a: &ExplainOptio
         )));
     }
     let Some(x) = allocsim_report::explain::explain(&p, &config, a.capacity, &placement, at, CANDIDATES) else {
-        return Ok(ExplainAnswer::NoOom { name: t.name.to_owned(), config: config.source.clone(), capacity: a.capacity });
+        let not_reproduced = p.not_reproduced();
+        return Ok(ExplainAnswer::NoOom { name: t.name.to_owned(), config: config.source.clone(), capacity: a.capacity, not_reproduced });
     };
     let asked = matches!(at, At::Request(_) | At::Peak);
     // Every OOM of the replay, with its cause, to say whether the others share this one's.
     let outcome = if own { p.own_outcome.clone() } else { p.replay_under(&config, &p.limits(a.capacity), placement.clone()) };
     let causes = allocsim_report::explain::oom_causes(&p, &outcome);
-    Ok(ExplainAnswer::Explained(Box::new(Explained { x, config, top: a.top, prepared: p, capacity: a.capacity, causes, own, asked })))
+    let not_reproduced = p.not_reproduced();
+    Ok(ExplainAnswer::Explained(Box::new(Explained { x, config, top: a.top, prepared: p, capacity: a.capacity, causes, own, asked, not_reproduced })))
 }
 
 /// What `explain` found.
@@ -77,6 +80,8 @@ pub enum ExplainAnswer {
         name: String,
         config: String,
         capacity: Option<u64>,
+        /// The trace's own replay is not the recording (which may have run out of memory).
+        not_reproduced: Option<NotReproduced>,
     },
     /// A snapshot without history (a segments list, or recording off): its final state.
     FinalState {
@@ -102,21 +107,27 @@ pub struct Explained {
     /// The request was asked for (`--at N` or `peak`) rather than found as the OOM that ended
     /// the run.
     pub asked: bool,
+    /// The trace's own replay is not the recording.
+    pub not_reproduced: Option<NotReproduced>,
 }
 
 impl Answer for ExplainAnswer {
     fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
         match self {
-            ExplainAnswer::NoOom { name, config, capacity } => writeln!(
-                out,
-                "{name}: no request runs out of memory under {}{} — nothing to explain at `oom` (try --at peak or --at N)",
-                if config.is_empty() { "the defaults" } else { config },
-                capacity.map_or(String::new(), |c| format!(" with {} allowed", fs(c)))
-            ),
+            ExplainAnswer::NoOom { name, config, capacity, not_reproduced } => {
+                writeln!(
+                    out,
+                    "{name}: no request runs out of memory under {}{} — nothing to explain at `oom` (try --at peak or --at N)",
+                    if config.is_empty() { "the defaults" } else { config },
+                    capacity.map_or(String::new(), |c| format!(" with {} allowed", fs(c)))
+                )?;
+                crate::input::write_not_reproduced(out, not_reproduced.as_ref(), false)
+            }
             ExplainAnswer::FinalState { name, device, state, top } => write_final_state(out, name, *device, state, *top),
             ExplainAnswer::Explained(e) => {
                 let cx = Context { prepared: &e.prepared, capacity: e.capacity };
                 write_verdict(out, e)?;
+                crate::input::write_not_reproduced(out, e.not_reproduced.as_ref(), false)?;
                 if e.x.message.is_some() {
                     write_oom_table(out, &e.x, &e.causes, e.own)?;
                 }
@@ -128,13 +139,18 @@ impl Answer for ExplainAnswer {
     }
     fn to_json(&self) -> Value {
         match self {
-            ExplainAnswer::NoOom { .. } => serde_json::json!({"explanation": null, "reason": "no OOM"}),
+            ExplainAnswer::NoOom { not_reproduced, .. } => {
+                let mut out = serde_json::json!({"explanation": null, "reason": "no OOM"});
+                crate::input::add_not_reproduced_json(&mut out, not_reproduced.as_ref());
+                out
+            }
             ExplainAnswer::FinalState { state, .. } => serde_json::json!({"explanation": null, "reason": "no trace entries", "final_state": state}),
             ExplainAnswer::Explained(e) => {
                 let mut out = serde_json::to_value(&e.x).expect("JSON");
                 out["verdict"] = verdict_lines(e).into();
                 out["budget"] = e.prepared.budget.to_json();
                 out["ooms"] = serde_json::to_value(&e.causes).expect("JSON");
+                crate::input::add_not_reproduced_json(&mut out, e.not_reproduced.as_ref());
                 out
             }
         }

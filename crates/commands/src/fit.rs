@@ -3,10 +3,9 @@
 
 use std::io::{self, Write};
 
-use allocsim_model::AllocatorConfig;
 use allocsim_model::format::format_size;
 use allocsim_whatif::fit::{DEFAULT_OUTSIDE_MEMORY, fit as fit_one, outside_memory_from_ooms};
-use allocsim_whatif::grid::{GridPoint, parse_grid};
+use allocsim_whatif::grid::GridPoint;
 use serde_json::{Value, json};
 
 use crate::{Answer, Error, Trace, TraceOptions};
@@ -38,8 +37,8 @@ pub fn fit(t: Trace<'_>, a: &FitOptions) -> Result<FitAnswer, Error> {
     let p = a.trace.prepare(t.snapshot)?;
     crate::input::no_requests(t, &p, "fit")?;
     let points: Vec<GridPoint> = match (&a.grid, &a.config) {
-        (Some(g), _) => parse_grid(g, "").map_err(Error::Usage)?,
-        (None, Some(c)) => vec![GridPoint { conf: c.clone(), config: AllocatorConfig::parse(c).map_err(|e| e.to_string()) }],
+        (Some(g), _) => crate::sweep::grid_points_for(g, "", &p)?,
+        (None, Some(c)) => vec![GridPoint { conf: c.clone(), config: p.rules.version.parse_config(c).map_err(|e| e.to_string()) }],
         (None, None) => vec![GridPoint { conf: p.own.source.clone(), config: Ok(p.own.clone()) }],
     };
     let (outside, outside_source): (u64, String) = match (a.reserve, outside_memory_from_ooms(&p)) {
@@ -116,6 +115,7 @@ pub fn fit(t: Trace<'_>, a: &FitOptions) -> Result<FitAnswer, Error> {
         results,
         outside,
         outside_source,
+        not_reproduced: p.not_reproduced(),
     })
 }
 
@@ -129,6 +129,8 @@ pub struct FitAnswer {
     /// The memory outside the allocator the cards are judged with, and where it came from.
     pub outside: u64,
     pub outside_source: String,
+    /// The trace's own replay is not the recording.
+    pub not_reproduced: Option<allocsim_replay::settings_change::NotReproduced>,
 }
 
 impl Answer for FitAnswer {
@@ -136,13 +138,15 @@ impl Answer for FitAnswer {
         write_fit_text(out, self, self.requests, self.device_memory, &self.results, self.outside, &self.outside_source)
     }
     fn to_json(&self) -> Value {
-        if self.results.len() == 1 && self.options.grid.is_none() {
+        let mut out = if self.results.len() == 1 && self.options.grid.is_none() {
             let mut r = self.results[0].clone();
             r["outside_memory"] = json!(self.outside);
             r
         } else {
             json!({"outside_memory": self.outside, "configs": self.results})
-        }
+        };
+        crate::input::add_not_reproduced_json(&mut out, self.not_reproduced.as_ref());
+        out
     }
 }
 
@@ -157,6 +161,7 @@ fn write_fit_text(
     outside_source: &str,
 ) -> io::Result<()> {
     writeln!(out, "{}: {} requests", s.name, requests)?;
+    crate::input::write_not_reproduced(out, s.not_reproduced.as_ref(), false)?;
     for r in results {
         let conf = r["config"].as_str().unwrap_or("");
         let conf = if conf.is_empty() { "defaults" } else { conf };

@@ -46,7 +46,7 @@ pub fn graphs(t: Trace<'_>, a: &GraphsOptions) -> Result<GraphsAnswer, Error> {
     let q = Question { captured: &a.captured, batches: &batches, config: &config, limits: &limits, placements: a.placements };
     let found = allocsim_graphs::predict(&p, &q).map_err(|e| Error::Usage(format!("{}: {e}", t.name)))?;
     let conf = if config.source.is_empty() { "the defaults".to_string() } else { config.source.clone() };
-    Ok(GraphsAnswer { name: t.name.to_owned(), conf, own_settings: p.is_own(&config, a.capacity), found })
+    Ok(GraphsAnswer { name: t.name.to_owned(), conf, own_settings: p.is_own(&config, a.capacity), found, not_reproduced: p.not_reproduced() })
 }
 
 /// What `graphs` found.
@@ -57,6 +57,8 @@ pub struct GraphsAnswer {
     /// Replayed under the trace's own settings and budget.
     pub own_settings: bool,
     pub found: Found,
+    /// The trace's own replay is not the recording.
+    pub not_reproduced: Option<allocsim_replay::settings_change::NotReproduced>,
 }
 
 fn list(v: &[u64]) -> String {
@@ -81,6 +83,7 @@ impl Answer for GraphsAnswer {
         let pat = &f.pattern;
         let recorded: Vec<u64> = f.recorded.iter().map(|r| r.batch).collect();
         writeln!(out, "{}: {} captures into graph pool ({}, {}) at batch sizes {}", self.name, f.recorded.len(), f.pool.0, f.pool.1, list(&recorded))?;
+        crate::input::write_not_reproduced(out, self.not_reproduced.as_ref(), false)?;
         writeln!(
             out,
             "  each round (as the one at batch size {} makes it): {} requests, {} of them in the graph pool, {} empty_cache() call{}",
@@ -210,6 +213,7 @@ impl Answer for GraphsAnswer {
         let mut v = serde_json::to_value(&self.found).expect("JSON");
         v["config"] = Value::String(self.conf.clone());
         v["own_settings"] = Value::Bool(self.own_settings);
+        crate::input::add_not_reproduced_json(&mut v, self.not_reproduced.as_ref());
         v
     }
 }

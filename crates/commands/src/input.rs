@@ -2,6 +2,7 @@
 
 use allocsim_model::AllocatorConfig;
 use allocsim_replay::Prepared;
+use allocsim_replay::settings_change::NotReproduced;
 
 use crate::Error;
 
@@ -23,4 +24,32 @@ pub fn no_requests(t: crate::Trace<'_>, p: &Prepared, what: &str) -> Result<(), 
         "{}: no trace entries (memory history was not recorded), so no requests to {what}; record them with torch.cuda.memory._record_memory_history(max_entries=100000) before the code to analyse, then torch.cuda.memory._dump_snapshot(\"snapshot.pickle\")",
         t.name
     )))
+}
+
+/// Where the trace's own replay is not the recording
+/// ([`allocsim_replay::settings_change::not_reproduced`]): the line saying so (unless the budget's
+/// lines said it, `said`), and what the trace shows of other settings in force for part of the
+/// run: every command's text says it, so that no answer rests silently on a replay that differs
+/// from the recording.
+pub fn write_not_reproduced(out: &mut dyn std::io::Write, n: Option<&NotReproduced>, said: bool) -> std::io::Result<()> {
+    let Some(n) = n else { return Ok(()) };
+    if !said {
+        writeln!(out, "  not reproduced    {}", NotReproduced::SUMMARY)?;
+    }
+    if !n.settings_changed.is_empty() {
+        writeln!(out, "  settings changed  {}:", NotReproduced::SETTINGS_CHANGED)?;
+        for why in &n.settings_changed {
+            writeln!(out, "    - {why}")?;
+        }
+    }
+    Ok(())
+}
+
+/// The JSON keys every answer about a trace carries for [`write_not_reproduced`]'s fact, as
+/// `replay --json` has them: `not_reproduced` and `settings_changed`.
+pub fn add_not_reproduced_json(v: &mut serde_json::Value, n: Option<&NotReproduced>) {
+    if let Some(o) = v.as_object_mut() {
+        o.insert("not_reproduced".into(), n.is_some().into());
+        o.insert("settings_changed".into(), n.map_or(Vec::new(), |n| n.settings_changed.clone()).into());
+    }
 }

@@ -5,6 +5,7 @@ use std::io::{self, Write};
 
 use allocsim_model::format::format_size as fs;
 use allocsim_phases::{Layout, Phases, Source, measure};
+use allocsim_replay::settings_change::NotReproduced;
 use comfy_table::{Table, presets};
 use serde_json::Value;
 
@@ -37,7 +38,7 @@ pub fn phases(t: Trace<'_>, a: &PhasesOptions) -> Result<PhasesAnswer, Error> {
     let layout = Layout::of(&p, a.by.as_deref()).map_err(|e| Error::Usage(e.to_string()))?;
     let phases = measure(&p, &layout, &config, a.capacity, &p.recorded_placement(), a.top);
     let conf = if config.source.is_empty() { "the defaults".to_string() } else { config.source.clone() };
-    Ok(PhasesAnswer { phases, conf, capacity: a.capacity })
+    Ok(PhasesAnswer { phases, conf, capacity: a.capacity, not_reproduced: p.not_reproduced() })
 }
 
 /// What `phases` found.
@@ -46,17 +47,36 @@ pub struct PhasesAnswer {
     /// The replayed settings in words.
     pub conf: String,
     pub capacity: Option<u64>,
+    /// The trace's own replay is not the recording.
+    pub not_reproduced: Option<NotReproduced>,
+}
+
+/// `phases --json`: the phases' fields, then the keys of
+/// [`crate::input::add_not_reproduced_json`].
+#[derive(serde::Serialize)]
+struct PhasesJson<'a> {
+    #[serde(flatten)]
+    phases: &'a Phases,
+    not_reproduced: bool,
+    settings_changed: &'a [String],
+}
+
+impl PhasesAnswer {
+    fn json_view(&self) -> PhasesJson<'_> {
+        let n = self.not_reproduced.as_ref();
+        PhasesJson { phases: &self.phases, not_reproduced: n.is_some(), settings_changed: n.map_or(&[][..], |n| n.settings_changed.as_slice()) }
+    }
 }
 
 impl Answer for PhasesAnswer {
     fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
-        write_phases(out, &self.phases, &self.conf, self.capacity)
+        write_phases(out, &self.phases, &self.conf, self.capacity, self.not_reproduced.as_ref())
     }
     fn to_json(&self) -> Value {
-        serde_json::to_value(&self.phases).expect("JSON")
+        serde_json::to_value(self.json_view()).expect("JSON")
     }
     fn write_json(&self, out: &mut dyn Write) -> io::Result<()> {
-        crate::write_json(out, &self.phases)
+        crate::write_json(out, &self.json_view())
     }
 }
 
@@ -83,7 +103,7 @@ fn signed(d: Option<i64>) -> String {
 
 /// `phases` as text: the iterations table (the peak one marked), then per region name its largest
 /// peak and where.
-pub fn write_phases(out: &mut dyn Write, ph: &Phases, conf: &str, capacity: Option<u64>) -> io::Result<()> {
+pub fn write_phases(out: &mut dyn Write, ph: &Phases, conf: &str, capacity: Option<u64>, not_reproduced: Option<&NotReproduced>) -> io::Result<()> {
     writeln!(
         out,
         "Device {}: {} requests replayed under {conf}{}; {}.",
@@ -92,6 +112,7 @@ pub fn write_phases(out: &mut dyn Write, ph: &Phases, conf: &str, capacity: Opti
         capacity.map_or(String::new(), |c| format!(", {} allowed", fs(c))),
         source_text(&ph.source)
     )?;
+    crate::input::write_not_reproduced(out, not_reproduced, false)?;
     writeln!(
         out,
         "Peak allocated {}, peak reserved {}{}.",

@@ -204,7 +204,7 @@ fn replay_json(args: &ReplayAnswer, r: &ReplaySummary, all: &[ReplaySummary]) ->
         .iter()
         .map(|(name, p)| json!({"name": name, "first_oom": p.first_oom(), "peak_reserved": p.peak_reserved, "ooms": p.ooms.len()}))
         .collect();
-    json!({
+    let mut out = json!({
         "trace": args.name.clone(),
         "device": r.device,
         "config": r.options.config.source,
@@ -225,9 +225,9 @@ fn replay_json(args: &ReplayAnswer, r: &ReplaySummary, all: &[ReplaySummary]) ->
         "fragmentation": fragmentation_json(o),
         "budget": r.budget.as_ref().map(|b| b.to_json()),
         "budget_ends": r.budget_ends,
-        "not_reproduced": r.not_reproduced,
-        "settings_changed": r.settings_changed,
-    })
+    });
+    crate::input::add_not_reproduced_json(&mut out, r.not_reproduced.as_ref());
+    out
 }
 
 /// `replay` as text: every device, worst first.
@@ -241,29 +241,6 @@ fn write_replay_text(out: &mut dyn Write, args: &ReplayAnswer, all: &[ReplaySumm
     }
     for &i in &allocsim_replay::run::worst_first(all) {
         write_device_text(out, args, &all[i])?;
-    }
-    Ok(())
-}
-
-/// Where the replay under the trace's own settings does not make its recorded segment events and
-/// OOMs: a line saying so (unless the budget's lines said it, `said`), and what the trace shows
-/// of other settings in force for part of the run, so that no answer rests silently on a replay
-/// that differs from the recording.
-fn write_unreproduced(out: &mut dyn Write, r: &ReplaySummary, said: bool) -> std::io::Result<()> {
-    if !r.not_reproduced {
-        return Ok(());
-    }
-    if !said {
-        writeln!(
-            out,
-            "  not reproduced    the replay under the trace's own settings does not make every recorded segment event and OOM (`allocsim validate` says where)"
-        )?;
-    }
-    if !r.settings_changed.is_empty() {
-        writeln!(out, "  settings changed  likely during the run (a snapshot records only the last ones, and the replay runs under those throughout):")?;
-        for why in &r.settings_changed {
-            writeln!(out, "    - {why}")?;
-        }
     }
     Ok(())
 }
@@ -288,7 +265,7 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayAnswer, r: &ReplaySummary
             }
         }
     }
-    write_unreproduced(out, r, said_unreproduced)?;
+    crate::input::write_not_reproduced(out, r.not_reproduced.as_ref(), said_unreproduced)?;
     if let [lo, hi] = r.budget_ends.as_slice() {
         let at = |e: &allocsim_replay::run::BudgetEnd| match e.first_oom {
             Some(q) => format!("{} OOMs from request {q}", e.ooms),

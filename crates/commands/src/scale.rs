@@ -4,7 +4,9 @@
 use std::io::{self, Write};
 
 use allocsim_model::format::format_size as fs;
+use allocsim_replay::Prepared;
 use allocsim_replay::run::Limits;
+use allocsim_replay::settings_change::NotReproduced;
 use allocsim_shape::predict::{Bound, Setting};
 use allocsim_shape::scale::{Largest, Prediction, ScaleAnswer as Found};
 use allocsim_shape::steps::{Input, Role, StepsFrom};
@@ -158,7 +160,8 @@ pub fn scale(traces: &[Trace<'_>], a: &ScaleOptions) -> Result<ScaleAnswer, Erro
         None if !limits.outside.is_empty() => format!("the trace's full device ({} held outside the allocator at most)", fs(limits.outside.max())),
         None => "no allowed maximum".to_string(),
     };
-    Ok(ScaleAnswer { conf, own_settings: p0.is_own(&config, a.capacity), budget, capacity: limits.capacity, found })
+    let not_reproduced = prepared.iter().map(Prepared::not_reproduced).collect();
+    Ok(ScaleAnswer { conf, own_settings: p0.is_own(&config, a.capacity), budget, capacity: limits.capacity, found, not_reproduced })
 }
 
 /// What `scale` found.
@@ -170,6 +173,8 @@ pub struct ScaleAnswer {
     pub budget: String,
     pub capacity: Option<u64>,
     pub found: Found,
+    /// Per trace (in `found.traces`' order): its own replay is not the recording.
+    pub not_reproduced: Vec<Option<NotReproduced>>,
 }
 
 fn list(v: &[u64]) -> String {
@@ -193,7 +198,7 @@ impl ScaleAnswer {
     fn write_learnt(&self, out: &mut dyn Write) -> io::Result<()> {
         let f = &self.found;
         let param = &f.param;
-        for t in &f.traces {
+        for (i, t) in f.traces.iter().enumerate() {
             let how = match &t.from {
                 StepsFrom::Annotations { name } => format!("record_function regions {name}=VALUE"),
                 StepsFrom::Values { iterations, given, iterations_found } => {
@@ -202,6 +207,7 @@ impl ScaleAnswer {
                 }
             };
             writeln!(out, "{}: {} ({how})", t.name, plural(t.steps.len(), "step", "steps"))?;
+            crate::input::write_not_reproduced(out, self.not_reproduced.get(i).and_then(Option::as_ref), false)?;
             let learnt: Vec<String> = t.steps.iter().filter(|s| matches!(s.role, Role::Learnt { .. })).map(|s| s.index.to_string()).collect();
             if !learnt.is_empty() {
                 writeln!(out, "  learnt from steps {}", short(&learnt, 16))?;
@@ -492,6 +498,11 @@ impl Answer for ScaleAnswer {
         v["config"] = Value::String(self.conf.clone());
         v["own_settings"] = Value::Bool(self.own_settings);
         v["capacity"] = serde_json::json!(self.capacity);
+        if let Some(traces) = v["traces"].as_array_mut() {
+            for (t, n) in traces.iter_mut().zip(&self.not_reproduced) {
+                crate::input::add_not_reproduced_json(t, n.as_ref());
+            }
+        }
         v
     }
 }

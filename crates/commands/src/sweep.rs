@@ -2,10 +2,9 @@
 
 use std::io::{self, Write};
 
-use allocsim_model::AllocatorConfig;
 use allocsim_model::format::format_size;
 use allocsim_replay::Prepared;
-use allocsim_whatif::grid::{DEFAULT_GRID, GridPoint, parse_grid};
+use allocsim_whatif::grid::{DEFAULT_GRID, GridPoint, parse_grid, parse_grid_with};
 use allocsim_whatif::sweep::{Row, replay_count};
 use comfy_table::{Table, presets};
 use serde_json::{Value, json};
@@ -106,9 +105,18 @@ fn alike_words(group: &[&Row]) -> Option<String> {
     Some(format!("+{} alike{}", group.len() - 1, varying.iter().map(|k| format!("\nany {k}")).collect::<String>()))
 }
 
-/// The grid points of these options (PyTorch's rules reject invalid ones as rows, not here).
+/// The grid points of these options (PyTorch's rules reject invalid ones as rows, not here),
+/// parsed as PyTorch 2.11 parses them: before a trace is read (the count of replays, a grid's
+/// syntax). [`sweep`] replays them as the trace's release parses them.
 pub fn grid_points(a: &SweepOptions) -> Result<Vec<GridPoint>, Error> {
     parse_grid(a.grid.as_deref().unwrap_or(DEFAULT_GRID), &a.base).map_err(Error::Usage)
+}
+
+/// A grid's points with each settings string parsed as the trace's release parses it
+/// (`Prepared::parse_config`, as every `--config` is).
+pub fn grid_points_for(grid: &str, base: &str, p: &Prepared) -> Result<Vec<GridPoint>, Error> {
+    let version = p.rules.version;
+    parse_grid_with(grid, base, |conf| version.parse_config(conf).map_err(|e| e.to_string())).map_err(Error::Usage)
 }
 
 /// How many replays [`sweep`] makes at most (for a progress bar).
@@ -120,7 +128,7 @@ pub fn replays(a: &SweepOptions, points: &[GridPoint]) -> usize {
 pub fn sweep(t: Trace<'_>, a: &SweepOptions, progress: &(dyn Fn() + Sync)) -> Result<SweepAnswer, Error> {
     let p = a.trace.prepare(t.snapshot)?;
     crate::input::no_requests(t, &p, "replay under other settings")?;
-    let points = grid_points(a)?;
+    let points = grid_points_for(a.grid.as_deref().unwrap_or(DEFAULT_GRID), &a.base, &p)?;
     let t0 = std::time::Instant::now();
     let limits = p.limits(a.capacity);
     let rows = allocsim_whatif::sweep::sweep(&p, &points, &limits, a.placements, progress);
@@ -140,7 +148,8 @@ pub fn sweep(t: Trace<'_>, a: &SweepOptions, progress: &(dyn Fn() + Sync)) -> Re
     let secs = t0.elapsed().as_secs_f64();
     // Which iteration each outcome's reserved memory peaks in (when the trace has iterations).
     let layout = allocsim_phases::Layout::of(&p, None).ok().filter(|l| l.iterations.len() > 1);
-    Ok(SweepAnswer { name: t.name.to_owned(), options: a.clone(), prepared: p, points, rows, secs, ends, depends, layout })
+    let not_reproduced = p.not_reproduced();
+    Ok(SweepAnswer { name: t.name.to_owned(), options: a.clone(), prepared: p, points, rows, secs, ends, depends, layout, not_reproduced })
 }
 
 /// What `sweep` found.
@@ -157,6 +166,8 @@ pub struct SweepAnswer {
     /// The configs whose outcome differs between those ends.
     pub depends: Vec<String>,
     layout: Option<allocsim_phases::Layout>,
+    /// The trace's own replay is not the recording.
+    pub not_reproduced: Option<allocsim_replay::settings_change::NotReproduced>,
 }
 
 impl SweepAnswer {
@@ -183,7 +194,7 @@ impl Answer for SweepAnswer {
                 out["peak_reserved_iteration"] = json!(self.iteration_of(o.peak_reserved_request));
             }
         }
-        json!({
+        let mut out = json!({
             "trace": self.name,
             "capacity": a.capacity,
             "grid": a.grid.as_deref().unwrap_or(DEFAULT_GRID),
@@ -195,7 +206,9 @@ impl Answer for SweepAnswer {
             "allowed_maximum_used": p.limits(a.capacity).capacity,
             "budget": p.budget.to_json(),
             "depends_on_allowed_maximum": self.depends,
-        })
+        });
+        crate::input::add_not_reproduced_json(&mut out, self.not_reproduced.as_ref());
+        out
     }
 }
 
@@ -293,6 +306,7 @@ fn write_sweep_text(out: &mut dyn Write, s: &SweepAnswer) -> io::Result<()> {
         secs
     );
     crate::write_wrapped(out, &head, width, 2)?;
+    crate::input::write_not_reproduced(out, s.not_reproduced.as_ref(), false)?;
     let mut t = Table::new();
     t.load_style(presets::UTF8_FULL_CONDENSED);
     if let Some(w) = a.width {
@@ -415,7 +429,7 @@ fn write_sweep_text(out: &mut dyn Write, s: &SweepAnswer) -> io::Result<()> {
             2,
         )?;
     }
-    let own = rows.iter().position(|r| r.rejected.is_none() && AllocatorConfig::parse(&r.conf).is_ok_and(|c| p.is_own_under(&c, &limits)));
+    let own = rows.iter().position(|r| r.rejected.is_none() && p.parse_config(&r.conf).is_ok_and(|c| p.is_own_under(&c, &limits)));
     let name = |r: &Row| if r.conf.is_empty() { "the defaults".to_string() } else { r.conf.clone() };
     let own_name = |r: &Row| format!("{} (the trace's own settings)", name(r));
     use allocsim_whatif::sweep::Recommendation as R;

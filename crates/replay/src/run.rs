@@ -45,7 +45,11 @@ impl ReplaySpec<'_> {
     /// The trace's own settings (`recorded`) and the config to replay under (`config`, else the
     /// own), as PyTorch `torch_version` parses them.
     pub fn configs(&self, recorded: &RecordedSettings) -> Result<(AllocatorConfig, AllocatorConfig), RunError> {
-        let version = self.rules(recorded).version;
+        self.configs_under(recorded, self.rules(recorded).version)
+    }
+
+    /// [`ReplaySpec::configs`] under the release `version` already chosen.
+    fn configs_under(&self, recorded: &RecordedSettings, version: TorchVersion) -> Result<(AllocatorConfig, AllocatorConfig), RunError> {
         let own = settings_config(recorded, version)?;
         let config = match &self.config {
             Some(c) => parse_config_for(c, version)?,
@@ -59,22 +63,25 @@ impl ReplaySpec<'_> {
     /// options decide the rules, the settings and the allowed maximum the trace was recorded
     /// under ([`ReplaySpec::trace_capacity_for`]).
     fn prepare(&self, snap: &Snapshot, given: Option<(crate::devices::DeviceChoice, Vec<TraceEntry>)>) -> Result<(Prepared, AllocatorConfig), RunError> {
-        let (own, config) = self.configs(&snap.settings)?;
-        let version = self.rules(&snap.settings).version;
+        let rules = self.rules(&snap.settings);
+        let (own, config) = self.configs_under(&snap.settings, rules.version)?;
         // Where were the empty_cache() calls? Decided under the trace's own settings and addresses.
         let trace_capacity = self.trace_capacity_for(&own, &config);
-        let prepared = match given {
-            Some((choice, trace)) => Prepared::new_with(snap, choice, trace, self.device_memory, trace_capacity, version)?,
-            None => Prepared::new_for(snap, self.device, self.device_memory, trace_capacity, version)?,
+        let (choice, trace) = match given {
+            Some(given) => given,
+            None => {
+                let choice = crate::devices::device_for(snap, self.device)?;
+                let trace = snap.device_traces.get(choice.device).cloned().unwrap_or_default();
+                (choice, trace)
+            }
         };
+        let prepared = Prepared::new_with(snap, choice, trace, self.device_memory, trace_capacity, rules)?;
         Ok((prepared, config))
     }
 
     /// Which release's rules apply to a trace recorded with `recorded`, and why.
     pub fn rules(&self, recorded: &RecordedSettings) -> crate::version::Rules {
-        let mut r = crate::version::Rules::choose(self.torch_version, recorded);
-        r.settings_note = settings_in_force(recorded, r.version).ok().and_then(|(_, note)| note);
-        r
+        rules_for(self.torch_version, recorded)
     }
 
     /// The allowed maximum the trace was recorded under: `trace_capacity`, else `capacity` when
@@ -85,6 +92,14 @@ impl ReplaySpec<'_> {
 }
 
 pub use crate::error::{MAX_PLACEMENTS, RunError};
+
+/// Which release's rules apply to a trace recorded with `recorded` (`asked`: `--torch-version`),
+/// and how its settings string was read ([`settings_in_force`]).
+pub fn rules_for(asked: Option<TorchVersion>, recorded: &RecordedSettings) -> crate::version::Rules {
+    let mut r = crate::version::Rules::choose(asked, recorded);
+    r.settings_note = settings_in_force(recorded, r.version).ok().and_then(|(_, note)| note);
+    r
+}
 
 /// A settings string (`--config`) as PyTorch `version` parses it: the one place a user's
 /// `PYTORCH_CUDA_ALLOC_CONF` is read for a replay.
@@ -185,11 +200,14 @@ impl Replayed {
         crate::settings_change::evidence(&self.trace, &self.program, &self.own, &self.budget, self.rules.settings_note.as_deref())
     }
 
+    /// Whether the trace's own replay is not the recording ([`crate::settings_change::not_reproduced`]).
+    pub fn not_reproduced(&self) -> Option<crate::settings_change::NotReproduced> {
+        crate::settings_change::not_reproduced(&self.trace, &self.program, &self.own, &self.budget, &self.rules)
+    }
+
     /// What `allocsim replay` reports of it.
     pub fn into_summary(self) -> ReplaySummary {
-        let not_reproduced =
-            self.budget.recording_not_reproduced(|| self.trace.iter().any(|e| e.action.is_segment_event() || e.action == allocsim_trace::Action::Oom));
-        let settings_changed = if not_reproduced { self.settings_change_evidence() } else { Vec::new() };
+        let not_reproduced = self.not_reproduced();
         let device_memory = self.options.device_memory;
         // One walk over the trace for all OOMs (they come in trace order), and the memory outside
         // the allocator computed once: each by itself is a pass over the trace.
@@ -235,7 +253,6 @@ impl Replayed {
             budget_ends: self.budget_ends,
             rules: Some(self.rules),
             not_reproduced,
-            settings_changed,
         }
     }
 }
@@ -276,12 +293,10 @@ pub struct ReplaySummary {
     /// the summary).
     pub rules: Option<crate::version::Rules>,
     /// The replay under the trace's own settings and the budget inferred from it does not make
-    /// the trace's recorded segment events and OOMs ([`Budget::recording_not_reproduced`]). A
-    /// stream never answers such a trace: it falls back to the in-memory replay.
-    pub not_reproduced: bool,
-    /// Where `not_reproduced`: what the trace shows of other settings in force for part of the
-    /// run ([`Replayed::settings_change_evidence`]).
-    pub settings_changed: Vec<String>,
+    /// the trace's recorded segment events and OOMs, and what the trace shows of why
+    /// ([`crate::settings_change::not_reproduced`]). A stream never answers such a trace: it
+    /// falls back to the in-memory replay.
+    pub not_reproduced: Option<crate::settings_change::NotReproduced>,
 }
 
 /// The settings the snapshot was recorded under.
@@ -398,8 +413,8 @@ pub struct Prepared {
     pub program: Program,
     /// The settings the trace was recorded under.
     pub own: AllocatorConfig,
-    /// The PyTorch release whose rules its replays follow.
-    pub version: TorchVersion,
+    /// The PyTorch release whose rules its replays follow, and why.
+    pub rules: crate::version::Rules,
     /// The allowed maximum the trace was recorded under (given, or the one inferred).
     pub trace_capacity: Option<u64>,
     pub device_memory: u64,
@@ -457,7 +472,7 @@ impl Prepared {
     ) -> Result<Prepared, RunError> {
         let choice = crate::devices::device_for(snap, device)?;
         let trace = snap.device_traces.get(choice.device).cloned().unwrap_or_default();
-        Prepared::new_with(snap, choice, trace, device_memory, trace_capacity, version)
+        Prepared::new_with(snap, choice, trace, device_memory, trace_capacity, rules_for(Some(version), &snap.settings))
     }
 
     /// [`Prepared::new_for`] with the device chosen and its trace given (moved, not copied: `snap`
@@ -468,8 +483,9 @@ impl Prepared {
         trace: Vec<TraceEntry>,
         device_memory: Option<u64>,
         trace_capacity: Option<u64>,
-        version: TorchVersion,
+        rules: crate::version::Rules,
     ) -> Result<Prepared, RunError> {
+        let version = rules.version;
         let device = choice.device;
         let segments: Vec<_> = snap.segments.iter().filter(|s| s.device == device as i64).cloned().collect();
         crate::check::check_trace(device, &trace, &segments)?;
@@ -539,7 +555,7 @@ impl Prepared {
             segments,
             program,
             own,
-            version,
+            rules,
             trace_capacity: budget.capacity(),
             device_memory,
             budget,
@@ -555,7 +571,12 @@ impl Prepared {
 
     /// A settings string as this trace's release parses it ([`parse_config_for`]).
     pub fn parse_config(&self, conf: &str) -> Result<AllocatorConfig, RunError> {
-        parse_config_for(conf, self.version)
+        parse_config_for(conf, self.rules.version)
+    }
+
+    /// Whether the trace's own replay is not the recording ([`crate::settings_change::not_reproduced`]).
+    pub fn not_reproduced(&self) -> Option<crate::settings_change::NotReproduced> {
+        crate::settings_change::not_reproduced(&self.trace, &self.program, &self.own, &self.budget, &self.rules)
     }
 
     /// The limits a replay runs under: `capacity` when given (and nothing held outside the
@@ -708,9 +729,8 @@ fn run_with(snap: &Snapshot, spec: &ReplaySpec<'_>, given: Option<(crate::device
             budget_ends.push(BudgetEnd { capacity, first_oom: o.first_oom(), ooms: o.ooms.len(), peak_reserved: o.peak_reserved });
         }
     }
-    let Prepared { device, choice, program, trace, segments, budget, own_outcome, own, .. } = prepared;
+    let Prepared { device, choice, program, trace, segments, budget, own_outcome, own, rules, .. } = prepared;
     let outcome = outcome.unwrap_or(own_outcome);
-    let rules = spec.rules(&snap.settings);
     Ok(Replayed { device, choice, program, options, outcome, placements, trace, segments, own_settings, budget, budget_ends, rules, own })
 }
 

@@ -40,6 +40,34 @@ use crate::program::Program;
 /// At most this many facts of each kind are reported.
 const MAX_PER_KIND: usize = 1;
 
+/// A trace whose own replay, under its recorded settings and the budget inferred from it, does not
+/// make its recorded segment events and OOMs ([`Budget::recording_not_reproduced`]): every answer
+/// about it rests on a replay that is not the recording, and says so.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NotReproduced {
+    /// What the trace shows of other settings in force for part of the run ([`evidence`]; empty:
+    /// nothing shows it, and the model may miss a rule).
+    pub settings_changed: Vec<String>,
+}
+
+impl NotReproduced {
+    /// The fact in words, as every command prints it.
+    pub const SUMMARY: &'static str =
+        "the replay under the trace's own settings does not make every recorded segment event and OOM (`allocsim validate` says where)";
+    /// The heading of [`NotReproduced::settings_changed`].
+    pub const SETTINGS_CHANGED: &'static str = "likely during the run (a snapshot records only the last ones, and the replay runs under those throughout)";
+}
+
+/// Whether the trace's own replay is not the recording ([`Budget::recording_not_reproduced`]:
+/// the trace records a segment event or an OOM, and the budget was not given), with what it
+/// shows of why; `rules`: the release its replays follow, and how its settings were read.
+pub fn not_reproduced(trace: &[TraceEntry], program: &Program, own: &AllocatorConfig, budget: &Budget, rules: &crate::version::Rules) -> Option<NotReproduced> {
+    let records_any = || trace.iter().any(|e| e.action.is_segment_event() || e.action == Action::Oom);
+    budget
+        .recording_not_reproduced(records_any)
+        .then(|| NotReproduced { settings_changed: evidence(trace, program, own, budget, rules.settings_note.as_deref()) })
+}
+
 /// What the trace shows of settings other than `own` (the recorded ones) having been in force
 /// for part of the run, with the budget the replay inferred; `settings_note`: how the recorded
 /// settings were read (a string changed at run time). Empty: nothing shows it.

@@ -1279,8 +1279,7 @@ impl<'a> DeviceStream<'a> {
             budget: Some(self.budget),
             budget_ends: Vec::new(),
             rules: None,
-            not_reproduced: false,
-            settings_changed: Vec::new(),
+            not_reproduced: None,
         };
         Ok((Finished::Done(Box::new(summary)), seen))
     }

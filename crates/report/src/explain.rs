@@ -416,7 +416,7 @@ pub fn explain(
         (None, Some(lo), Some(hi)) if prepared.budget.allowed_is_interval() => Some((lo, hi)),
         _ => None,
     };
-    let (tried, not_tried) = candidates_to_try(config, candidates, limits.capacity.is_some());
+    let (tried, not_tried) = candidates_to_try(config, candidates, limits.capacity.is_some(), prepared.rules.version);
     let recorded = |r: u32| prepared.program.requests.get(r as usize).is_some_and(|q| q.recorded_oom);
     let mut alternatives: Vec<Alternative> = tried
         .par_iter()
@@ -509,13 +509,19 @@ pub type Candidate = (String, Result<AllocatorConfig, String>);
 /// reason: one whose settings `config` already has (`expandable_segments:True` on a job that
 /// used it), one that parses to settings already listed, and `garbage_collection_threshold`
 /// without an allowed maximum (PyTorch runs `garbage_collect_cached_blocks` only when
-/// `set_per_process_memory_fraction` was called: it cannot change anything then).
-pub fn candidates_to_try(config: &AllocatorConfig, candidates: &[&str], has_fraction: bool) -> (Vec<Candidate>, Vec<String>) {
+/// `set_per_process_memory_fraction` was called: it cannot change anything then). Each is parsed
+/// as PyTorch `version` parses it (the trace's release).
+pub fn candidates_to_try(
+    config: &AllocatorConfig,
+    candidates: &[&str],
+    has_fraction: bool,
+    version: allocsim_replay::TorchVersion,
+) -> (Vec<Candidate>, Vec<String>) {
     let base = config.source.clone();
     let (mut tried, mut not_tried): (Vec<Candidate>, Vec<String>) = (Vec::new(), Vec::new());
     for c in candidates {
         let conf = if base.is_empty() { c.to_string() } else { format!("{base},{c}") };
-        let parsed = AllocatorConfig::parse(&conf).map_err(|e| e.to_string());
+        let parsed = version.parse_config(&conf).map_err(|e| e.to_string());
         if let Ok(cfg) = &parsed {
             if allocsim_replay::run::same_settings(cfg, config) {
                 not_tried.push(format!("{c}: already in effect"));

@@ -38,6 +38,10 @@ pub struct Report {
     pub phases: Option<Phases>,
     /// `explain`'s verdict on the first config's OOM that ended the run (empty: no OOM).
     pub verdict: Vec<String>,
+    /// The PyTorch release whose rules the replays follow.
+    pub torch_version: String,
+    /// The trace's own replay is not the recording (`Prepared::not_reproduced`).
+    pub not_reproduced: Option<allocsim_replay::settings_change::NotReproduced>,
 }
 
 /// A free block in the segment maps.
@@ -114,7 +118,18 @@ pub fn build(prepared: &Prepared, title: &str, configs: &[(String, AllocatorConf
         .unwrap_or_default();
     // The allowed maximum drawn: the one given, else the trace's own (inferred).
     let capacity = capacity.or(prepared.budget.capacity());
-    Report { title: title.to_string(), capacity, requests: prepared.program.requests.len() as u32, runs, maps, oom_messages, phases, verdict }
+    Report {
+        title: title.to_string(),
+        capacity,
+        requests: prepared.program.requests.len() as u32,
+        runs,
+        maps,
+        oom_messages,
+        phases,
+        verdict,
+        torch_version: prepared.rules.version.to_string(),
+        not_reproduced: prepared.not_reproduced(),
+    }
 }
 
 /// A colour per region name, in order of first appearance.
@@ -451,12 +466,25 @@ body{{font-family:sans-serif;margin:24px;color:#222;max-width:1000px}} h1{{font-
 table{{border-collapse:collapse;font-size:13px}} td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}} th{{background:#f4f4f4}} td:first-child,th:first-child{{text-align:left}}
 .msg{{font-family:monospace;font-size:13px;background:#fff4f4;border-left:3px solid #c00;padding:6px 10px;white-space:pre-wrap}}
 .verdict{{font-size:15px;background:#fff8e6;border-left:4px solid #c60;padding:8px 12px;margin:12px 0}} .verdict p{{margin:4px 0}} .key span{{display:inline-block;width:18px;height:3px;vertical-align:middle;margin:0 4px 0 12px}}
-</style></head><body><h1>allocsim report — {}</h1><p>{} requests{}. Replayed through a model of PyTorch 2.11's CUDA caching allocator.</p>"#,
+</style></head><body><h1>allocsim report — {}</h1><p>{} requests{}. Replayed through a model of PyTorch {}'s CUDA caching allocator.</p>"#,
         esc(&r.title),
         esc(&r.title),
         r.requests,
-        r.capacity.map_or(String::new(), |c| format!(", allowed maximum {}", fs(c)))
+        r.capacity.map_or(String::new(), |c| format!(", allowed maximum {}", fs(c))),
+        esc(&r.torch_version)
     );
+    if let Some(n) = &r.not_reproduced {
+        use allocsim_replay::settings_change::NotReproduced;
+        let _ = write!(h, "<div class=\"verdict\" id=\"not-reproduced\"><p>Not reproduced: {}.</p>", esc(NotReproduced::SUMMARY));
+        if !n.settings_changed.is_empty() {
+            let _ = write!(h, "<p>Settings changed {}:</p><ul>", esc(NotReproduced::SETTINGS_CHANGED));
+            for why in &n.settings_changed {
+                let _ = write!(h, "<li>{}</li>", esc(why));
+            }
+            h.push_str("</ul>");
+        }
+        h.push_str("</div>");
+    }
     if !r.verdict.is_empty() {
         h.push_str("<div class=\"verdict\" id=\"verdict\">");
         for line in &r.verdict {

@@ -37,10 +37,16 @@ fn split_outside_brackets(s: &str, sep: char) -> Vec<String> {
     out
 }
 
-/// Parses a grid into its points, in order (the last key varies fastest). A `base` settings
-/// string, if given, is put before every point's keys (a grid key overrides it, since PyTorch
-/// applies keys left to right).
+/// Parses a grid into its points, in order (the last key varies fastest), each point's settings
+/// as PyTorch 2.11 parses them. A `base` settings string, if given, is put before every point's
+/// keys (a grid key overrides it, since PyTorch applies keys left to right).
 pub fn parse_grid(grid: &str, base: &str) -> Result<Vec<GridPoint>, String> {
+    parse_grid_with(grid, base, |conf| AllocatorConfig::parse(conf).map_err(|e| e.to_string()))
+}
+
+/// [`parse_grid`] with each point's settings string parsed by `parse` (a trace's release, as
+/// `allocsim_replay::Prepared::parse_config` parses a `--config`).
+pub fn parse_grid_with(grid: &str, base: &str, parse: impl Fn(&str) -> Result<AllocatorConfig, String>) -> Result<Vec<GridPoint>, String> {
     let mut axes: Vec<(String, Vec<Option<String>>)> = Vec::new();
     for part in split_outside_brackets(grid, ';') {
         let part = part.trim();
@@ -85,7 +91,7 @@ pub fn parse_grid(grid: &str, base: &str) -> Result<Vec<GridPoint>, String> {
             }
             parts.extend(keys);
             let conf = parts.join(",");
-            let config = AllocatorConfig::parse(&conf).map_err(|e| e.to_string());
+            let config = parse(&conf);
             GridPoint { conf, config }
         })
         .collect())
