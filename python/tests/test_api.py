@@ -71,7 +71,7 @@ def test_explanation_states_pytorchs_message():
 def test_explain_without_an_oom():
     s = allocsim.load(FRAG_REL)
     x = s.explain(at="oom", capacity="8GiB")
-    assert x.to_dict() == {"explanation": None, "reason": "no OOM"}
+    assert x.to_dict() == {"explanation": None, "reason": "no OOM", "not_reproduced": False, "settings_changed": []}
     assert "no request runs out of memory" in str(x)
     assert "with 8.00 GiB allowed" in str(x)
 

@@ -107,6 +107,67 @@ def test_a_damaged_file_on_ray(ray, damaged):
     check_damaged(allocsim.fleet.compare(damaged, engine="ray"), damaged)
 
 
+def named_rows(d, prefix, local=None):
+    """`compare`'s JSON with each row named by its URL (`prefix` and the file's name; `local`: the
+    local directory the command line's rows name, replaced by the prefix) and an error row as
+    such (a file read from its bytes may word its error otherwise than one read from its path)."""
+
+    def name(f):
+        return prefix + (f[len(local) :].lstrip("/") if local else f)
+
+    for row in d["rows"]:
+        row["file"] = name(row["file"])
+        row["error"] = bool(row["error"])
+    for k in ("first_oom", "first_spike"):
+        if d[k]:
+            d[k]["file"] = name(d[k]["file"])
+    d["largest_peak"] = name(d["largest_peak"])
+    return d
+
+
+@pytest.fixture
+def served(damaged):
+    """`damaged` served over HTTP on the loopback (Python's http.server, with its directory
+    listing): a remote store as fsspec reads it, from this process and from every worker."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=damaged)
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield damaged, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+def check_served(r, damaged, url):
+    p, want = cli_json(damaged)
+    assert named_rows(r.to_dict(), "") == named_rows(want, url, local=damaged)
+    assert [bool(row["error"]) for row in r.rows] == [False, False, True, True]
+
+
+def test_http_urls_are_read_through_fsspec(served):
+    # A protocol other than file://: fsspec's HTTP filesystem (aiohttp), its directory listing
+    # expanded as a directory is, and a glob in the last component.
+    need("fsspec")
+    need("aiohttp", "fsspec's HTTP filesystem (test_fleet.py, http:// URLs)")
+    damaged, url = served
+    # (`*` only: in an http:// URL a `?` starts the query.)
+    assert allocsim.fleet.expand(url + "rank*.pickle.gz") == [url + n for n in ("rank0.pickle.gz", "rank1.pickle.gz", "rank2.pickle.gz")]
+    assert allocsim.fleet.expand(url) == [url + n for n in ("rank0.pickle.gz", "rank1.pickle.gz", "rank2.pickle.gz", "rank3.pickle")]
+    check_served(allocsim.fleet.compare(url, progress=False), damaged, url)
+
+
+def test_http_urls_on_ray(ray, served):
+    need("fsspec")
+    need("aiohttp", "fsspec's HTTP filesystem (test_fleet.py, http:// URLs)")
+    damaged, url = served
+    check_served(allocsim.fleet.compare(url, engine="ray"), damaged, url)
+
+
 def test_urls_are_read_through_fsspec(damaged):
     need("fsspec")
     url = "file://" + damaged
@@ -114,20 +175,7 @@ def test_urls_are_read_through_fsspec(damaged):
     assert names == [url + "/" + n for n in ("rank0.pickle.gz", "rank1.pickle.gz", "rank2.pickle.gz", "rank3.pickle")]
     r = allocsim.fleet.compare(url, progress=False)
     p, want = cli_json(damaged)
-
-    def named(d, prefix):
-        # Each row named by its URL; an error row as such (a file read from its bytes may word
-        # its error otherwise than one read from its path).
-        for row in d["rows"]:
-            row["file"] = prefix + row["file"]
-            row["error"] = bool(row["error"])
-        for k in ("first_oom", "first_spike"):
-            if d[k]:
-                d[k]["file"] = prefix + d[k]["file"]
-        d["largest_peak"] = prefix + d["largest_peak"]
-        return d
-
-    assert named(r.to_dict(), "") == named(want, "file://")
+    assert named_rows(r.to_dict(), "") == named_rows(want, "file://")
     assert [bool(row["error"]) for row in r.rows] == [False, False, True, True]
     # A URL that does not exist is an error row too.
     r = allocsim.fleet.compare([url + "/rank0.pickle.gz", url + "/absent.pickle.gz"], progress=False)
@@ -185,10 +233,11 @@ def test_a_summary_is_small_and_crosses_as_json():
         assert allocsim._allocsim.rank_summary(f.read(), "rank1") == s
 
 
-def test_a_worker_that_dies_on_a_file_is_that_files_row_and_the_pool_goes_on(tmp_path, monkeypatch):
-    # The local pool's workers are `python -m allocsim.fleet._worker` processes. A
-    # `sitecustomize` on their PYTHONPATH makes each one die (os._exit(7)) when it is handed the
-    # file named "crash.pickle.gz", as a worker killed by the OOM killer or a segfault would.
+def dying_job(tmp_path):
+    """A job whose file "crash.pickle.gz" kills the process that reads it: a `sitecustomize` for
+    PYTHONPATH makes a process die (os._exit(7)) when it is handed that file, as a worker killed
+    by the OOM killer or a segfault would, once ALLOCSIM_TEST_DIE_ON names it. Returns (the job's
+    directory, the hook's directory)."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
@@ -207,15 +256,49 @@ def test_a_worker_that_dies_on_a_file_is_that_files_row_and_the_pool_goes_on(tmp
     for f in RANK_FILES:
         shutil.copy(os.path.join(ROOT, f), job / os.path.basename(f))
     shutil.copy(os.path.join(ROOT, RANK_FILES[0]), job / "crash.pickle.gz")
+    return job, hook
+
+
+def check_died(rows, error_end):
+    """The rows of a job from `dying_job`: the crash file's row is its error, the others answer
+    as the command line's `compare` of the two ranks does."""
+    rows = {os.path.basename(row["file"]): row for row in rows}
+    assert list(rows) == ["crash.pickle.gz", "rank0.pickle.gz", "rank1.pickle.gz"]
+    assert rows["crash.pickle.gz"]["error"] is not None and error_end in rows["crash.pickle.gz"]["error"], rows["crash.pickle.gz"]["error"]
+    whole = {os.path.basename(row["file"]): row for row in json.loads(cli("compare", RANKS, "--json").stdout)["rows"]}
+    for f in ("rank0.pickle.gz", "rank1.pickle.gz"):
+        assert rows[f]["error"] is None
+        assert rows[f]["peak_reserved"] == whole[f]["peak_reserved"] > 0
+
+
+def test_a_worker_that_dies_on_a_file_is_that_files_row_and_the_pool_goes_on(tmp_path, monkeypatch):
+    # The local pool's workers are `python -m allocsim.fleet._worker` processes.
+    job, hook = dying_job(tmp_path)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("ALLOCSIM_TEST_DIE_ON", "crash.pickle.gz")
     # One worker: it dies on the first file (crash sorts first) and a new one reads the rest.
     r = allocsim.fleet.compare(str(job), workers=1, progress=False)
-    rows = {os.path.basename(row["file"]): row for row in r.rows}
-    assert list(rows) == ["crash.pickle.gz", "rank0.pickle.gz", "rank1.pickle.gz"]
-    assert rows["crash.pickle.gz"]["error"].endswith("the process reading it ended (exit status 7) before it answered")
+    check_died(r.rows, "the process reading it ended (exit status 7) before it answered")
     assert r.exit_code == 2 and r.error.startswith("1 of 3 files could not be compared")
-    whole = {os.path.basename(row["file"]): row for row in allocsim.fleet.compare(RANKS, progress=False).rows}
-    for f in ("rank0.pickle.gz", "rank1.pickle.gz"):
-        assert rows[f]["error"] is None
-        assert rows[f]["peak_reserved"] == whole[f]["peak_reserved"] > 0
+
+
+def test_a_ray_worker_that_dies_on_a_file_is_that_files_row_and_the_others_answer(tmp_path):
+    # A Ray worker that dies mid-task (its process ends, as one the OOM killer takes does): Ray
+    # reports the task failed (no retries asked), that file's row says so, the other tasks answer.
+    # In a process of its own, whose local Ray instance (started by `compare`) and its workers
+    # inherit the hook; the module's Ray instance is not touched.
+    need("ray")
+    job, hook = dying_job(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "RAY_ADDRESS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])
+    env["ALLOCSIM_TEST_DIE_ON"] = "crash.pickle.gz"
+    script = (
+        "import json, sys, allocsim.fleet\n"
+        "r = allocsim.fleet.compare(sys.argv[1], engine='ray', task_options={'max_retries': 0}, progress=False)\n"
+        "print(json.dumps({'rows': r.rows, 'exit_code': r.exit_code, 'error': r.error}))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", script, str(job)], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout.splitlines()[-1])
+    check_died(r["rows"], "the Ray task reading it failed")
+    assert r["exit_code"] == 2 and r["error"].startswith("1 of 3 files could not be compared")
