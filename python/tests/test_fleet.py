@@ -302,3 +302,36 @@ def test_a_ray_worker_that_dies_on_a_file_is_that_files_row_and_the_others_answe
     r = json.loads(p.stdout.splitlines()[-1])
     check_died(r["rows"], "the Ray task reading it failed")
     assert r["exit_code"] == 2 and r["error"].startswith("1 of 3 files could not be compared")
+
+
+def test_ray_engine_on_a_two_node_cluster_gives_the_command_lines_answer(damaged):
+    # Two Ray nodes (ray.cluster_utils.Cluster: a head and a worker node, each its own raylet
+    # with one CPU, on this host), the tasks spread over them (`scheduling_strategy="SPREAD"`),
+    # the driver connected by address as to a real cluster. In a process of its own: the
+    # module's Ray instance is not touched.
+    need("ray")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "RAY_ADDRESS")}
+    script = (
+        "import json, sys, time, ray, allocsim.fleet\n"
+        "from ray.cluster_utils import Cluster\n"
+        "c = Cluster(initialize_head=True, head_node_args={'num_cpus': 1, 'include_dashboard': False})\n"
+        "c.add_node(num_cpus=1)\n"
+        "c.wait_for_nodes()\n"
+        "ray.init(address=c.address, log_to_driver=False)\n"
+        "nodes = len([n for n in ray.nodes() if n['Alive']])\n"
+        "@ray.remote(num_cpus=1)\n"
+        "def node(_):\n"
+        "    time.sleep(0.5)\n"
+        "    return ray.get_runtime_context().get_node_id()\n"
+        "used = len(set(ray.get([node.options(scheduling_strategy='SPREAD').remote(i) for i in range(4)])))\n"
+        "r = allocsim.fleet.compare(sys.argv[1], engine='ray', task_options={'scheduling_strategy': 'SPREAD'}, progress=False)\n"
+        "print(json.dumps({'nodes': nodes, 'used': used, 'answer': r.to_dict(), 'exit_code': r.exit_code}))\n"
+        "ray.shutdown()\n"
+        "c.shutdown()\n"
+    )
+    p = subprocess.run([sys.executable, "-c", script, damaged], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout.splitlines()[-1])
+    assert (r["nodes"], r["used"]) == (2, 2), "the cluster has two nodes and spreads tasks over both"
+    q, want = cli_json(damaged)
+    assert (r["exit_code"], named_rows(r["answer"], "")) == (2, named_rows(want, ""))
