@@ -46,10 +46,22 @@ pub fn write_not_reproduced(out: &mut dyn std::io::Write, n: Option<&NotReproduc
 }
 
 /// The JSON keys every answer about a trace carries for [`write_not_reproduced`]'s fact, as
-/// `replay --json` has them: `not_reproduced` and `settings_changed`.
+/// `replay --json` has them (flattened into an answer serialized as a struct).
+#[derive(serde::Serialize)]
+pub struct NotReproducedKeys<'a> {
+    not_reproduced: bool,
+    settings_changed: &'a [String],
+}
+
+impl<'a> NotReproducedKeys<'a> {
+    pub fn of(n: Option<&'a NotReproduced>) -> Self {
+        NotReproducedKeys { not_reproduced: n.is_some(), settings_changed: n.map_or(&[][..], |n| n.settings_changed.as_slice()) }
+    }
+}
+
+/// [`NotReproducedKeys`] added to an answer's JSON object.
 pub fn add_not_reproduced_json(v: &mut serde_json::Value, n: Option<&NotReproduced>) {
-    if let Some(o) = v.as_object_mut() {
-        o.insert("not_reproduced".into(), n.is_some().into());
-        o.insert("settings_changed".into(), n.map_or(Vec::new(), |n| n.settings_changed.clone()).into());
+    if let (Some(o), Ok(serde_json::Value::Object(keys))) = (v.as_object_mut(), serde_json::to_value(NotReproducedKeys::of(n))) {
+        o.extend(keys);
     }
 }

@@ -51,20 +51,18 @@ pub struct PhasesAnswer {
     pub not_reproduced: Option<NotReproduced>,
 }
 
-/// `phases --json`: the phases' fields, then the keys of
-/// [`crate::input::add_not_reproduced_json`].
+/// `phases --json`: the phases' fields, then [`crate::input::NotReproducedKeys`].
 #[derive(serde::Serialize)]
 struct PhasesJson<'a> {
     #[serde(flatten)]
     phases: &'a Phases,
-    not_reproduced: bool,
-    settings_changed: &'a [String],
+    #[serde(flatten)]
+    reproduced: crate::input::NotReproducedKeys<'a>,
 }
 
 impl PhasesAnswer {
     fn json_view(&self) -> PhasesJson<'_> {
-        let n = self.not_reproduced.as_ref();
-        PhasesJson { phases: &self.phases, not_reproduced: n.is_some(), settings_changed: n.map_or(&[][..], |n| n.settings_changed.as_slice()) }
+        PhasesJson { phases: &self.phases, reproduced: crate::input::NotReproducedKeys::of(self.not_reproduced.as_ref()) }
     }
 }
 

@@ -69,11 +69,7 @@ impl ReplaySpec<'_> {
         let trace_capacity = self.trace_capacity_for(&own, &config);
         let (choice, trace) = match given {
             Some(given) => given,
-            None => {
-                let choice = crate::devices::device_for(snap, self.device)?;
-                let trace = snap.device_traces.get(choice.device).cloned().unwrap_or_default();
-                (choice, trace)
-            }
+            None => chosen_trace(snap, self.device)?,
         };
         let prepared = Prepared::new_with(snap, choice, trace, self.device_memory, trace_capacity, rules)?;
         Ok((prepared, config))
@@ -92,6 +88,14 @@ impl ReplaySpec<'_> {
 }
 
 pub use crate::error::{MAX_PLACEMENTS, RunError};
+
+/// The device to answer for ([`crate::devices::device_for`]: `device`, else the one that
+/// matters) and a copy of its trace.
+fn chosen_trace(snap: &Snapshot, device: Option<usize>) -> Result<(crate::devices::DeviceChoice, Vec<TraceEntry>), RunError> {
+    let choice = crate::devices::device_for(snap, device)?;
+    let trace = snap.device_traces.get(choice.device).cloned().unwrap_or_default();
+    Ok((choice, trace))
+}
 
 /// Which release's rules apply to a trace recorded with `recorded` (`asked`: `--torch-version`),
 /// and how its settings string was read ([`settings_in_force`]).
@@ -470,8 +474,7 @@ impl Prepared {
         trace_capacity: Option<u64>,
         version: TorchVersion,
     ) -> Result<Prepared, RunError> {
-        let choice = crate::devices::device_for(snap, device)?;
-        let trace = snap.device_traces.get(choice.device).cloned().unwrap_or_default();
+        let (choice, trace) = chosen_trace(snap, device)?;
         Prepared::new_with(snap, choice, trace, device_memory, trace_capacity, rules_for(Some(version), &snap.settings))
     }
 
