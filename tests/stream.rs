@@ -1,6 +1,6 @@
 //! The replay of a JSON Lines trace as a stream (`allocsim_replay::stream`, one pass in memory
 //! bounded by the live set) gives exactly the in-memory replay's answer (`allocsim_replay::run`),
-//! which is an independent path: the whole trace, `Program::build`, per-request vectors.
+//! which is an independent path: the whole trace, `allocsim_replay::restore::build_program`, per-request vectors.
 //!
 //! * Every trace in `traces/` and `../shared/traces` (when present), converted to JSON Lines,
 //!   under its own settings and allowed maximum and under other configs and capacities: every

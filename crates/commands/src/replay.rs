@@ -349,7 +349,7 @@ fn write_device_text(out: &mut dyn Write, args: &ReplayAnswer, r: &ReplaySummary
         writeln!(
             out,
             "  mid-history       {}: the replay starts from the state reconstructed from the final segments, {} pre-existing blocks ({} allocated in {} blocks, {} pending free) in {} segments ({} reserved); counters count from the trace's start, peaks are the trace's",
-            allocsim_replay::restore::InitialState::why(r.entries),
+            allocsim_replay::restore::why_mid_history(r.entries),
             init.blocks.len(),
             format_size(init.allocated_bytes()),
             init.allocated_blocks(),

@@ -498,7 +498,7 @@ impl Prepared {
             None => crate::budget::infer_device_memory(&trace, &segments, own.large_segment_size),
         };
         let device_memory = memory.bytes;
-        let mut program = Program::build_with(&trace, &segments, &own, device_memory);
+        let mut program = crate::restore::build_program(&trace, &segments, &own, device_memory);
         let placement = recorded_placement_from(&trace, device_memory, program.initial.as_ref());
         let opts =
             ReplayOptions { config: own.clone(), capacity: trace_capacity, device_memory, placement: placement.clone(), outside: OutsideMemory::default() };

@@ -294,7 +294,7 @@ mod tests {
             e(Action::Alloc, b + 180 * MIB, 84 * MIB),
         ];
         let budget = Budget::none(crate::budget::DeviceMemory::given(1 << 40));
-        let mut program = Program::build(&trace, &[]);
+        let mut program = crate::restore::build_program_default(&trace, &[]);
         let ev = evidence(&trace, &program, &own, &budget, None);
         assert_eq!(ev.len(), 1, "{ev:?}");
         assert!(ev[0].starts_with("request 2 grew an expandable segment from 12582912 bytes above the end of request 1's block (88080384 bytes"), "{ev:?}");
@@ -308,9 +308,9 @@ mod tests {
             e(Action::SegmentMap, b + 200 * MIB, 80 * MIB),
             e(Action::Alloc, b + 192 * MIB, 84 * MIB),
         ];
-        assert!(evidence(&made, &Program::build(&made, &[]), &rpd, &budget, None).is_empty());
+        assert!(evidence(&made, &crate::restore::build_program_default(&made, &[]), &rpd, &budget, None).is_empty());
         // The same blocks under no rounding: request 1 starts 12 MiB above request 0's end.
-        let ev = evidence(&made, &Program::build(&made, &[]), &own, &budget, None);
+        let ev = evidence(&made, &crate::restore::build_program_default(&made, &[]), &own, &budget, None);
         assert!(ev.iter().any(|x| x.starts_with("request 1 grew an expandable segment from 12582912 bytes above")), "{ev:?}");
         // A private pool's block is left out.
         program.requests[1].route = allocsim_model::allocator::Route::Private((0, 1));

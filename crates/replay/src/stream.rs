@@ -49,8 +49,9 @@ use allocsim_trace::{Action, RecordedSettings, Snapshot, SnapshotSegment, TraceE
 
 use crate::budget::RecordedEvent;
 use crate::check::{LiveBlocks, TraceCheckError, check_entry, check_segment_devices, check_segments};
+use crate::mid_history::MidHistory;
 use crate::oom::{RecordedMemory, device_free_with};
-use crate::program::{Built, MidHistory, Op, ProgramBuilder, Request};
+use crate::program::{Built, Op, ProgramBuilder, Request};
 use crate::replay::{Ahead, Inference, MapSlots, ReplayOptions, Stepper, recorded_device_calls, recorded_placement_from};
 use crate::restore::EmptyStart;
 use crate::run::{ReplaySpec, ReplaySummary, RunError, same_settings};
@@ -401,7 +402,7 @@ where
                 // of a retry): read on to the first one, and try the maximum it points to; unless
                 // the trace starts mid-history (then no maximum makes it replay from empty).
                 let mid_history = || if why.contains("mid-history") { why.clone() } else { format!("{why}: the trace starts mid-history") };
-                let mut start = crate::program::PreExisting::default();
+                let mut start = crate::mid_history::PreExisting::default();
                 if events.read_so_far().is_none_or(|mut read| read.any(|(_, e)| start.push(&e))) {
                     return Err(mid_history());
                 }

@@ -21,7 +21,6 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use allocsim_model::constants::H200_TOTAL_MEMORY;
-use allocsim_replay::Program;
 use allocsim_replay::replay::{EmptyCacheCalls, ReplayOptions, recorded_placement, replay};
 use allocsim_synth::{Spec, Workload, snapshot};
 
@@ -65,7 +64,7 @@ fn length(args: &[String]) {
     let gen_s = t0.elapsed().as_secs_f64();
     let trace = &snap.device_traces[0];
     let t1 = Instant::now();
-    let program = Program::build(trace, &[]);
+    let program = allocsim_replay::restore::build_program_default(trace, &[]);
     let build = t1.elapsed().as_secs_f64();
     let opts = ReplayOptions {
         config: Default::default(),
@@ -106,7 +105,7 @@ fn live(args: &[String]) {
         let mut last = None;
         for _ in 0..3 {
             let t0 = Instant::now();
-            let program = Program::build(trace, &[]);
+            let program = allocsim_replay::restore::build_program_default(trace, &[]);
             build = build.min(t0.elapsed().as_secs_f64());
             let t1 = Instant::now();
             let out = replay(&program, &opts, EmptyCacheCalls::Infer(trace));

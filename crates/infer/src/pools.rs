@@ -39,7 +39,7 @@
 //! * **Kinds.** A pool made with `no_split=True` or with its own allocator shows it in what it
 //!   left: an allocated block `should_split` would have cut (final segments), a cudaMalloc'd
 //!   segment under expandable segments (final segments, or a segment instance the reading puts in
-//!   the pool): `crate::program::pool_kinds`, and [`Plan::apply`] for the instances.
+//!   the pool): `allocsim_program::program::pool_kinds`, and [`Plan::apply`] for the instances.
 //! * **Checkpoints.** CUDA-graph trees restore their pool to a checkpoint before recording a new
 //!   graph (`_cuda_setCheckpointPoolState`, from `apply_checkpoint_execution_state_in_allocator`):
 //!   the allocations it makes are the checkpoint's blocks, taken in place, not mallocs. They are
@@ -52,8 +52,8 @@ use allocsim_trace::hash::IntMap;
 use allocsim_trace::{Action, Frame, SnapshotSegment, TraceEntry};
 
 use crate::budget::RecordedEvent;
-use crate::program::{Op, PoolAction, Program};
-use crate::replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, replay};
+use allocsim_program::program::{Op, PoolAction, Program};
+use allocsim_program::replay::{EmptyCacheCalls, ReplayOptions, ReplayOutcome, replay};
 
 /// Frames that mark an allocation made by `_cuda_setCheckpointPoolState`.
 const CHECKPOINT_FRAMES: &[&str] = &["apply_checkpoint_execution_state_in_allocator", "setCheckpointPoolState", "_set_checkpoint_pool_state"];
@@ -270,7 +270,7 @@ impl Plan {
         let ids = self.ids(inst);
         let mut p = base.clone();
         p.private_pools.clear();
-        // What the final segments show of pools' kinds stays (`crate::program::pool_kinds`).
+        // What the final segments show of pools' kinds stays (`allocsim_program::program::pool_kinds`).
         p.pool_actions.retain(|a| matches!(a.1, PoolAction::NoSplit(_) | PoolAction::CustomAllocator(_)));
         for (q, r) in p.requests.iter_mut().enumerate() {
             r.route = match inst.of_request.get(q).copied().flatten().map(|i| self.labels[i as usize]) {
@@ -333,7 +333,7 @@ impl Plan {
             *op = Op::ReleaseRun { start: k, end: tail };
         }
         // A cudaMalloc'd segment in a private pool: the pool's own allocator where expandable
-        // segments are on (`crate::program::pool_kinds`); nothing changes where they are off.
+        // segments are on (`allocsim_program::program::pool_kinds`); nothing changes where they are off.
         for (i, inst) in inst.all.iter().enumerate() {
             if let Label::Pool(g) = self.labels[i]
                 && inst.malloced
@@ -362,7 +362,7 @@ impl Plan {
 /// would have served the request from that remainder (`get_free_block` looks in the pool before
 /// `alloc_block` calls cudaMalloc); a `no_split` pool gives the whole segment to its one block.
 /// (`test_mempool_no_split` in PyTorch's test_cuda.py, whose blocks are freed before the
-/// snapshot, so the final segments show nothing: `crate::program::pool_kinds`.)
+/// snapshot, so the final segments show nothing: `allocsim_program::program::pool_kinds`.)
 fn no_split_shown(p: &Program, inst: &Instances) -> Vec<MempoolId> {
     let cfg = &inst.config;
     let mut out: Vec<MempoolId> = Vec::new();

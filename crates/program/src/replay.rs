@@ -5,8 +5,8 @@ use allocsim_model::{AllocatorConfig, Device, DeviceStats, Placement, SimDevice}
 use allocsim_trace::hash::IntMap;
 use allocsim_trace::{Action, TraceEntry};
 
+use crate::initial::InitialState;
 use crate::program::{Op, PoolAction, Program, Request};
-use crate::restore::InitialState;
 
 /// How to replay: the allocator settings, the allowed maximum, the device and its placement.
 #[derive(Clone, Debug)]
@@ -159,10 +159,10 @@ pub trait Ahead {
 }
 
 /// A whole [`Program`] and its trace, at op `oi`.
-pub(crate) struct ProgramAhead<'a> {
-    pub(crate) program: &'a Program,
-    pub(crate) trace: &'a [TraceEntry],
-    pub(crate) oi: usize,
+pub struct ProgramAhead<'a> {
+    pub program: &'a Program,
+    pub trace: &'a [TraceEntry],
+    pub oi: usize,
 }
 
 impl Ahead for ProgramAhead<'_> {
@@ -325,7 +325,7 @@ pub fn replay_observed<D: Device>(
     r.finish(observe)
 }
 
-/// A replay of a whole [`Program`], op by op: it can stop and go on (`crate::budget` needs its
+/// A replay of a whole [`Program`], op by op: it can stop and go on (`allocsim_infer::budget` needs its
 /// replay without an allowed maximum only up to its first difference from the recording, most
 /// of the time). `is_empty_cache` as in [`replay_on`].
 pub struct ProgramReplay<'p, D: Device, F> {
@@ -466,7 +466,7 @@ pub struct Step {
 }
 
 /// The allocator driven op by op: the one implementation of each op, for a whole [`Program`]
-/// ([`replay_observed`]) and for a stream (`crate::stream`).
+/// ([`replay_observed`]) and for a stream (`allocsim_replay::stream`).
 #[derive(Clone)]
 pub struct Stepper<D: Device, S: Slots> {
     pub alloc: CachingAllocator<D>,
@@ -524,7 +524,7 @@ impl<D: Device, S: Slots> Stepper<D, S> {
         };
         if let Some(init) = initial {
             st.restore_failures = restore(&mut st.alloc, init, &mut st.pre_blocks, &mut st.pre_tokens);
-            // Counters count from the trace's start; peaks are the window's (see `crate::restore`).
+            // Counters count from the trace's start; peaks are the window's (see `allocsim_infer::restore`).
             st.alloc.events.clear();
             st.alloc.reset_accumulated_stats();
             st.alloc.stats.reset_peak();
@@ -725,7 +725,7 @@ impl<D: Device + Clone, S: Slots + Clone> Stepper<D, S> {
 }
 
 impl<D: Device + Clone> Stepper<D, VecSlots> {
-    /// A copy to try ops on that allocate and complete frees but free nothing (`crate::budget`'s
+    /// A copy to try ops on that allocate and complete frees but free nothing (`allocsim_infer::budget`'s
     /// groups: completions and release runs, then a malloc): all of it but the blocks of the
     /// requests alive, which such ops do not read (a copy of those would cost a slot per request
     /// of the whole program).

@@ -12,8 +12,8 @@
 use allocsim_model::constants::{K_MIN_BLOCK_SIZE, K_SMALL_SIZE};
 use allocsim_trace::TraceEntry;
 
-use crate::program::{Op, Program};
-use crate::replay::{EmptyCacheCalls, ReplayOptions, replay};
+use allocsim_program::program::{Op, Program};
+use allocsim_program::replay::{EmptyCacheCalls, ReplayOptions, replay};
 
 /// Grows inferred block sizes of `program.initial` while that fixes the first misplaced request,
 /// at most `max_rounds` times. Returns the number of blocks grown.

@@ -223,7 +223,7 @@ pub struct Rules {
     pub allowed: (TorchVersion, TorchVersion),
     pub evidence: Vec<Evidence>,
     /// How the recorded settings were read where it is not plain: a string PyTorch refused, or
-    /// values changed at run time (`crate::run::settings_in_force`).
+    /// values changed at run time (`allocsim_replay::run::settings_in_force`).
     pub settings_note: Option<String>,
 }
 

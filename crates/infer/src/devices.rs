@@ -1,19 +1,19 @@
 //! Snapshots of several GPUs: the devices a snapshot names and the one a command answers for
 //! (each device's trace is replayed on its own model, as allocators are per device in PyTorch:
-//! `crate::run::run_devices`).
+//! `allocsim_replay::run::run_devices`).
 
 use std::collections::BTreeSet;
 
-use crate::error::RunError;
 use allocsim_model::format::format_size;
+use allocsim_program::error::RunError;
 use allocsim_trace::{Action, Snapshot, SnapshotSegment};
 
 /// The devices a snapshot names, in order: every index of `device_traces` and every final
 /// segment's device. A set of the indices seen, never anything indexed by device: a device index
 /// no machine has (negative, or 2^16 and beyond) is an error naming the segment
-/// ([`crate::check::check_devices`]).
+/// ([`allocsim_program::check::check_devices`]).
 pub fn devices_named(snap: &Snapshot) -> Result<BTreeSet<usize>, RunError> {
-    crate::check::check_devices(snap)?;
+    allocsim_program::check::check_devices(snap)?;
     let mut set: BTreeSet<usize> = (0..snap.device_traces.len()).collect();
     set.extend(snap.segments.iter().map(|s| s.device as usize));
     Ok(set)
@@ -72,7 +72,7 @@ pub struct DeviceChoice {
 /// What device `d`'s trace and final segments show.
 pub fn device_facts(snap: &Snapshot, d: usize) -> DeviceFacts {
     let trace = snap.device_traces.get(d).map_or(&[][..], |t| t.as_slice());
-    // Saturating: sizes out of bounds are refused later, naming the segment (crate::check),
+    // Saturating: sizes out of bounds are refused later, naming the segment (allocsim_program::check),
     // and must not overflow here first.
     let end: u64 = snap.segments.iter().filter(|s| s.device == d as i64).fold(0u64, |a, s| a.saturating_add(s.total_size));
     // Backwards from the final segments: before a segment_alloc/map there was less reserved,

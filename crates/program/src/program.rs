@@ -12,7 +12,7 @@
 //! # A trace that starts mid-history
 //!
 //! When the trace begins in the middle of a run (the ring buffer of `max_entries`), the state at
-//! its first entry is reconstructed from the final segments ([`crate::restore`]) and kept in
+//! its first entry is reconstructed from the final segments (`allocsim_infer::restore`) and kept in
 //! [`Program::initial`]; the replay starts from it. The blocks that were already active are
 //! numbered apart from the requests, in address order ("pre-existing block" `k` =
 //! `initial.blocks[k]`), and freed by [`Op::FreePre`] / [`Op::CompletePre`]: request ordinals stay
@@ -20,15 +20,12 @@
 //! of an `empty_cache()` or of a `malloc`'s releases whose beginning was cut off) is replayed as
 //! exactly those releases ([`Op::ForcedRelease`]).
 
-use std::collections::BTreeMap;
-
 use allocsim_model::AllocatorConfig;
 use allocsim_model::allocator::{MempoolId, Route, splits_block};
-use allocsim_model::constants::H200_TOTAL_MEMORY;
 use allocsim_trace::hash::{IntMap, IntSet};
 use allocsim_trace::{Action, SnapshotSegment, StackId, TraceEntry};
 
-use crate::restore::{InitialState, reconstruct};
+use crate::initial::InitialState;
 
 /// One allocation request.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -45,12 +42,12 @@ pub struct Request {
     pub trace_index: u32,
     pub stack: StackId,
     /// An allocation `_cuda_setCheckpointPoolState` made (CUDA-graph trees restoring a pool to a
-    /// checkpoint, see `crate::pools`): the free block at `recorded_addr` taken whole or split,
+    /// checkpoint, see `allocsim_infer::pools`): the free block at `recorded_addr` taken whole or split,
     /// not a `malloc`.
     pub checkpoint: bool,
 }
 
-/// What happened to a private pool's users between ops, as `crate::pools` infers it (the trace
+/// What happened to a private pool's users between ops, as `allocsim_infer::pools` infers it (the trace
 /// does not record it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolAction {
@@ -73,7 +70,7 @@ pub enum PoolAction {
 ///   segments, or by 512 bytes or more in a small pool or an expandable segment, with the request
 ///   below `max_split_size` (an oversize block is never split, and may be reused within
 ///   `max_non_split_rounding_mb`). Only a pool made with `no_split=True` returns such a block.
-///   Where the final segments show none (the blocks were freed), `crate::pools` reads the trace
+///   Where the final segments show none (the blocks were freed), `allocsim_infer::pools` reads the trace
 ///   (`no_split_shown`).
 /// * **A custom allocator.** A cudaMalloc'd segment in a private pool while expandable segments
 ///   are on: `is_expandable_segments_active` is false only for a pool with its own allocator.
@@ -138,7 +135,7 @@ pub struct Program {
     pub unknown_frees: u32,
     /// Private-pool ids the requests are routed to.
     pub private_pools: Vec<MempoolId>,
-    /// Private-pool lifecycle, by op index: each applies before that op (see `crate::pools`).
+    /// Private-pool lifecycle, by op index: each applies before that op (see `allocsim_infer::pools`).
     pub pool_actions: Vec<(u32, PoolAction)>,
     /// The state at the trace's start when it starts mid-history (`None`: an empty allocator).
     pub initial: Option<InitialState>,
@@ -156,27 +153,22 @@ impl Program {
         }
     }
 
-    /// Builds the program of one device's trace. `segments` (the snapshot's final segments of this
+    /// Builds the program of one device's trace, starting from `initial` (the state at the first
+    /// entry of a trace that starts mid-history, as `allocsim_infer::restore::build_program`
+    /// infers it; `None` from empty) with `reconstruct_error` (why it could not be inferred, if
+    /// the trace shows it should have been). `segments` (the snapshot's final segments of this
     /// device) tell which requests went to private pools (CUDA graphs, MemPools): a request whose
     /// block lies in a final private-pool segment on the same stream, allocated after that segment
     /// was. Private segments freed before the snapshot cannot be recognised; their requests are
-    /// replayed in the default pools.
-    pub fn build(trace: &[TraceEntry], segments: &[SnapshotSegment]) -> Program {
-        Program::build_with(trace, segments, &AllocatorConfig::default(), H200_TOTAL_MEMORY)
-    }
-
-    /// [`Program::build`], reconstructing a truncated trace's initial state under the settings the
-    /// trace was recorded under (`config`: its rounding and split rules) on a device of
-    /// `device_memory` bytes (the expandable segments' reservation size).
-    pub fn build_with(trace: &[TraceEntry], segments: &[SnapshotSegment], config: &AllocatorConfig, device_memory: u64) -> Program {
-        let mut p = Program::default();
-        match reconstruct(trace, segments, config, device_memory) {
-            Ok(s) if s.is_empty() => {}
-            Ok(s) => p.initial = Some(s),
-            // Without a sign of truncation, an inconsistency lies in the final segments (absent,
-            // or from another moment), not in the trace: replay from empty without a note.
-            Err(e) => p.reconstruct_error = starts_mid_history(trace).then_some(e),
-        }
+    /// replayed in the default pools. `config` is the recorded settings (the pools' kinds).
+    pub fn build_from(
+        trace: &[TraceEntry],
+        segments: &[SnapshotSegment],
+        config: &AllocatorConfig,
+        initial: Option<InitialState>,
+        reconstruct_error: Option<String>,
+    ) -> Program {
+        let mut p = Program { initial, reconstruct_error, ..Program::default() };
         let mut b = Program::builder(trace, segments, p.initial.as_ref());
         // At most a request an entry and an op or two an entry: reserved once, backed as written.
         p.requests = allocsim_trace::mem::huge_vec(trace.len());
@@ -201,7 +193,7 @@ impl Program {
         ProgramBuilder::new(segments, segment_allocs, initial, Some(has_cross_stream_frees(trace)))
     }
 
-    /// For each op of this program (built from `trace` and `segments` by [`Program::build_with`]),
+    /// For each op of this program (built from `trace` and `segments` by [`Program::build_from`]),
     /// the trace index of the entry it stands for (see [`Built::index`]): nondecreasing, so the
     /// ops before trace position `k` are those whose index is below `k`.
     pub fn op_trace_indices(&self, trace: &[TraceEntry], segments: &[SnapshotSegment]) -> Vec<u32> {
@@ -249,10 +241,10 @@ fn is_release(a: Action) -> bool {
 /// memory is the live and pending blocks plus that lookahead, whatever the trace's length.
 ///
 /// Whether the trace has cross-stream frees at all decides whether a completion right after its
-/// request may still be a later call's (see [`Program::build_with`]). When that is not known in
+/// request may still be a later call's (see [`Program::build_from`]). When that is not known in
 /// advance (a stream), the builder assumes none until it sees one, and [`ProgramBuilder::speculated`]
 /// says whether that assumption decided a free before one was seen (then the ops differ from
-/// [`Program::build`]'s if the trace turns out to have one: build again, telling it).
+/// [`Program::build_from`]'s if the trace turns out to have one: build again, telling it).
 pub struct ProgramBuilder {
     private: PrivateRanges,
     live: IntMap<u64, Live>,
@@ -485,93 +477,6 @@ impl ProgramBuilder {
     }
 }
 
-/// Whether the trace refers to blocks or segments it did not allocate (frees, completions,
-/// releases, unmaps of unknown addresses): it starts mid-history.
-pub fn starts_mid_history(trace: &[TraceEntry]) -> bool {
-    let mut m = MidHistory::default();
-    trace.iter().any(|e| m.push(e))
-}
-
-/// [`starts_mid_history`] entry by entry: its memory is the live blocks and segments (and every
-/// address ever mapped).
-#[derive(Clone, Debug, Default)]
-pub struct MidHistory {
-    blocks: IntSet<u64>,
-    segments: IntSet<u64>,
-    mapped: BTreeMap<u64, u64>,
-}
-
-impl MidHistory {
-    /// True when this entry shows that the trace starts mid-history.
-    pub fn push(&mut self, e: &TraceEntry) -> bool {
-        match e.action {
-            Action::Alloc => {
-                self.blocks.insert(e.addr);
-            }
-            Action::FreeRequested | Action::FreeCompleted if !self.blocks.contains(&e.addr) => return true,
-            Action::FreeCompleted => {
-                self.blocks.remove(&e.addr);
-            }
-            Action::SegmentAlloc => {
-                self.segments.insert(e.addr);
-            }
-            Action::SegmentFree if !self.segments.remove(&e.addr) => return true,
-            Action::SegmentMap => {
-                self.mapped.insert(e.addr, e.addr.saturating_add(e.size));
-            }
-            Action::SegmentUnmap => {
-                let inside = self.mapped.range(..=e.addr).next_back().is_some_and(|(_, &end)| end > e.addr);
-                let first = self.mapped.range(..e.addr.saturating_add(e.size)).next_back().is_some_and(|(&s, _)| s >= e.addr);
-                if !inside && !first {
-                    return true;
-                }
-            }
-            _ => {}
-        }
-        false
-    }
-}
-
-/// [`MidHistory`], and also an allocation at an address no segment the trace allocated (or
-/// mapped) holds: a segment that existed before the trace's first entry, which a trace that
-/// starts mid-history often shows long before it frees anything it did not allocate (the
-/// segment of the allocation that was made before the history was turned on). Only once the
-/// trace has shown a segment event (a trace recorded without them, or generated, shows none).
-#[derive(Clone, Debug, Default)]
-pub struct PreExisting {
-    mid: MidHistory,
-    /// Live segments and every mapped range: start → end.
-    ranges: BTreeMap<u64, u64>,
-    segment_events: bool,
-}
-
-impl PreExisting {
-    /// True when this entry shows that the trace starts mid-history.
-    pub fn push(&mut self, e: &TraceEntry) -> bool {
-        if self.mid.push(e) {
-            return true;
-        }
-        match e.action {
-            Action::SegmentAlloc | Action::SegmentMap => {
-                self.segment_events = true;
-                let end = e.addr.saturating_add(e.size);
-                let r = self.ranges.entry(e.addr).or_insert(end);
-                *r = (*r).max(end);
-            }
-            Action::SegmentFree => {
-                self.segment_events = true;
-                self.ranges.remove(&e.addr);
-            }
-            Action::SegmentUnmap => self.segment_events = true,
-            Action::Alloc if self.segment_events => {
-                return self.ranges.range(..=e.addr).next_back().is_none_or(|(_, &end)| end <= e.addr);
-            }
-            _ => {}
-        }
-        false
-    }
-}
-
 /// Final private-pool segments, with the ordinal of the `segment_alloc` from which each one held
 /// its range.
 struct PrivateRanges {
@@ -637,33 +542,4 @@ fn malloc_device_calls_follow(after: &[TraceEntry]) -> Option<bool> {
         }
     }
     None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
-        TraceEntry { action, addr, size, stream: 0, time_us: 0, stack: 0, meta: 0 }
-    }
-
-    #[test]
-    fn an_allocation_outside_every_segment_the_trace_allocated_shows_a_trace_that_starts_mid_history() {
-        const MIB: u64 = 1 << 20;
-        let mut p = PreExisting::default();
-        // Before any segment event nothing can be told (a trace recorded without them).
-        assert!(!p.push(&entry(Action::Alloc, 0x9000_0000, 512)));
-        assert!(!p.push(&entry(Action::SegmentAlloc, 0x1000_0000, 2 * MIB)));
-        assert!(!p.push(&entry(Action::Alloc, 0x1000_0000, 512)));
-        assert!(!p.push(&entry(Action::Alloc, 0x1000_0000 + 2 * MIB - 512, 512)));
-        // Past the segment's end, and in a segment released since: not the trace's.
-        assert!(p.clone().push(&entry(Action::Alloc, 0x1000_0000 + 2 * MIB, 512)));
-        let mut released = p.clone();
-        assert!(!released.push(&entry(Action::SegmentFree, 0x1000_0000, 2 * MIB)));
-        assert!(released.push(&entry(Action::Alloc, 0x1000_0000, 512)));
-        // Mapped pages hold allocations; a free of a block never allocated is MidHistory's sign.
-        assert!(!p.push(&entry(Action::SegmentMap, 0x2000_0000, 20 * MIB)));
-        assert!(!p.push(&entry(Action::Alloc, 0x2000_0000 + 19 * MIB, 4096)));
-        assert!(p.push(&entry(Action::FreeRequested, 0x3000_0000, 512)));
-    }
 }

@@ -58,8 +58,8 @@ use allocsim_model::format::format_size;
 use allocsim_model::{AllocatorConfig, Placement, SimDevice};
 use allocsim_trace::{Action, SnapshotSegment, StackId, TraceEntry};
 
-use crate::program::{Op, Program};
-use crate::replay::{
+use allocsim_program::program::{Op, Program};
+use allocsim_program::replay::{
     EmptyCacheCalls, Inference, OutsideMemory, ProgramAhead, ProgramReplay, ReplayOptions, ReplayOutcome, SegmentEvent, Slots, Stepper, VecSlots,
     empty_cache_calls, replay,
 };
@@ -478,11 +478,11 @@ fn reservation_base_before_history(cluster: &[(u64, u64, Option<usize>, bool)]) 
 /// reserved, and the spacing of expandable segments' reservations: [`memory_from_segments`]),
 /// then the OOM entries, which can only raise it: an OOM records what the device had free
 /// (`device_free`, from `cudaMemGetInfo`), and the device holds at least that plus what the
-/// allocator had reserved then (`crate::oom::RecordedMemory::least_device_memory`). A stream that reads the segment events first
+/// allocator had reserved then (`allocsim_program::oom::RecordedMemory::least_device_memory`). A stream that reads the segment events first
 /// makes the first reading before the replay and checks each OOM entry against it as it comes
-/// (`crate::stream`), so every road gives this answer.
+/// (`allocsim_replay::stream`), so every road gives this answer.
 pub fn infer_device_memory(trace: &[TraceEntry], segments: &[SnapshotSegment], large_segment_size: u64) -> DeviceMemory {
-    let mut recorded = crate::oom::RecordedMemory::default();
+    let mut recorded = allocsim_program::oom::RecordedMemory::default();
     trace.iter().for_each(|e| recorded.push(e, 0));
     raised_by_ooms(memory_from_segments(trace, segments, large_segment_size), recorded.least_device_memory())
 }
@@ -656,7 +656,12 @@ pub fn reproduces(o: &ReplayOutcome, trace: &[TraceEntry]) -> bool {
 /// Whether a replay's segment events and OOMs (`simulated`, `simulated_ooms`) are exactly the
 /// recorded ones (`events`, `ooms`: as [`recorded_events`] gives them), each at its request. The
 /// one comparison behind `Budget::reproduces`, in memory ([`reproduces`]) and streamed.
-pub fn made_recorded(events: &[RecordedEvent], ooms: &[u32], simulated: &[crate::replay::SegmentEvent], simulated_ooms: &[crate::replay::Oom]) -> bool {
+pub fn made_recorded(
+    events: &[RecordedEvent],
+    ooms: &[u32],
+    simulated: &[allocsim_program::replay::SegmentEvent],
+    simulated_ooms: &[allocsim_program::replay::Oom],
+) -> bool {
     events.len() == simulated.len()
         && events.iter().zip(simulated).all(|(a, b)| *a == (b.request, b.action, b.addr, b.size))
         && ooms.len() == simulated_ooms.len()
@@ -669,7 +674,7 @@ pub fn made_recorded(events: &[RecordedEvent], ooms: &[u32], simulated: &[crate:
 /// (the allocator's own releases under an allowed maximum, `max_split_size`'s and garbage
 /// collection's, release less than the `empty_cache()` the replay takes them for). A trace that
 /// replays exactly, or differs otherwise, gets no budget.
-pub fn budget_may_explain(recorded: &[TraceEntry], simulated: &[crate::replay::SegmentEvent], recorded_ooms: bool) -> bool {
+pub fn budget_may_explain(recorded: &[TraceEntry], simulated: &[allocsim_program::replay::SegmentEvent], recorded_ooms: bool) -> bool {
     let Some(i) = first_difference(recorded, simulated) else {
         return false;
     };
@@ -678,7 +683,7 @@ pub fn budget_may_explain(recorded: &[TraceEntry], simulated: &[crate::replay::S
 
 /// [`budget_may_explain`] at the first difference, where the replay made `simulated` (`None`:
 /// no more events than the recording's).
-pub fn budget_may_explain_at(simulated: Option<&crate::replay::SegmentEvent>, recorded_ooms: bool) -> bool {
+pub fn budget_may_explain_at(simulated: Option<&allocsim_program::replay::SegmentEvent>, recorded_ooms: bool) -> bool {
     // Without a maximum the model takes a release run it does not make itself for an
     // `empty_cache()`, which releases every free segment: a maximum changes a release there. A
     // release the replay cannot make at all (the segment is not free in it) is no budget's doing.
@@ -686,12 +691,12 @@ pub fn budget_may_explain_at(simulated: Option<&crate::replay::SegmentEvent>, re
 }
 
 /// Whether a replay's segment event is the recorded one (action, address, size).
-pub fn same_segment_event(recorded: &TraceEntry, simulated: &crate::replay::SegmentEvent) -> bool {
+pub fn same_segment_event(recorded: &TraceEntry, simulated: &allocsim_program::replay::SegmentEvent) -> bool {
     (recorded.action, recorded.addr, recorded.size) == (simulated.action, simulated.addr, simulated.size)
 }
 
 /// The first recorded segment event (action, address, size) a replay's differs from, if any.
-pub fn first_difference(recorded: &[TraceEntry], simulated: &[crate::replay::SegmentEvent]) -> Option<usize> {
+pub fn first_difference(recorded: &[TraceEntry], simulated: &[allocsim_program::replay::SegmentEvent]) -> Option<usize> {
     (0..recorded.len().max(simulated.len())).find(|&i| match (recorded.get(i), simulated.get(i)) {
         (Some(a), Some(b)) => !same_segment_event(a, b),
         _ => true,
@@ -721,7 +726,7 @@ fn walk(trace: &[TraceEntry], initial_reserved: u64, own: &AllocatorConfig, devi
     w.w
 }
 
-/// [`walk`] entry by entry, for a trace read as it comes ([`crate::stream::replay_speculating`]):
+/// [`walk`] entry by entry, for a trace read as it comes (`allocsim_replay::stream::replay_speculating`):
 /// the maximum the entries so far point to.
 pub struct Walker {
     w: Walk,
@@ -1284,7 +1289,13 @@ fn region(checks: &[u64], x: u64, lo: u64, hi: u64) -> (u64, u64) {
 }
 
 /// One op of the plain inference replay.
-fn step_op<S: Slots>(st: &mut Stepper<SimDevice, S>, inference: &mut Inference, program: &Program, trace: &[TraceEntry], j: usize) -> crate::replay::Step {
+fn step_op<S: Slots>(
+    st: &mut Stepper<SimDevice, S>,
+    inference: &mut Inference,
+    program: &Program,
+    trace: &[TraceEntry],
+    j: usize,
+) -> allocsim_program::replay::Step {
     let op = program.ops[j];
     st.step(op, program.request_of(op), |alloc| inference.decide(alloc, j, &ProgramAhead { program, trace, oi: j }))
 }

@@ -47,97 +47,27 @@ use std::collections::BTreeMap;
 
 use allocsim_model::AllocatorConfig;
 use allocsim_model::allocator::MempoolId;
-use allocsim_model::constants::{K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE};
+use allocsim_model::constants::{H200_TOTAL_MEMORY, K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE};
 use allocsim_trace::hash::{IntMap, IntSet};
 use allocsim_trace::{Action, BlockState, SnapshotSegment, TraceEntry};
 
-/// An active block at the trace's start.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PreBlock {
-    pub addr: u64,
-    pub size: u64,
-    pub requested_size: u64,
-    /// Freed, with cross-stream events outstanding (`active_pending_free`).
-    pub pending: bool,
-    /// The size was inferred (the block was freed in the trace), see the module documentation.
-    pub size_inferred: bool,
-    /// The index of the entry that returned it to its pool (`free_completed`), if in the trace.
-    pub freed_at: Option<u32>,
-    /// The bytes it may take: up to the next active block or its segment's end.
-    pub room: u64,
-    /// The most it could have been larger than its rounded request and still not have been split
-    /// (when its size is inferred): 1 MiB, or `max_non_split_rounding` for an oversize block;
-    /// 0 where blocks are always split (small pool, expandable segments).
-    pub slack: u64,
-}
+pub use allocsim_program::initial::{InitialState, PreBlock, PreSegment};
+use allocsim_program::program::Program;
 
-/// A segment at the trace's start: a cudaMalloc'd segment, or an expandable segment's
-/// reservation with its mapped ranges.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PreSegment {
-    /// The segment's address; for an expandable segment the reservation's base.
-    pub addr: u64,
-    /// The segment's size; for an expandable segment the mapped bytes.
-    pub size: u64,
-    pub stream: u64,
-    pub small: bool,
-    pub pool_id: MempoolId,
-    pub expandable: bool,
-    /// Expandable: the mapped ranges (address, bytes), sorted.
-    pub mapped: Vec<(u64, u64)>,
-    /// Indices into [`InitialState::blocks`] of the active blocks inside it, by address.
-    pub blocks: Vec<u32>,
-}
+use crate::mid_history::starts_mid_history;
 
-/// The allocator's state at the trace's first entry.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct InitialState {
-    /// In address order.
-    pub segments: Vec<PreSegment>,
-    /// Active blocks, in address order.
-    pub blocks: Vec<PreBlock>,
-    /// Blocks whose size was inferred (freed in the trace, allocated before it).
-    pub inferred_sizes: u32,
-}
-
-impl InitialState {
-    /// Why a trace of `entries` entries starts from this state, in words: with no entries, there
-    /// is no history at all; with a round number of them (a multiple of 1000), the ring buffer of
-    /// `_record_memory_history(max_entries=…)` was most likely full and dropped older entries;
-    /// else history was turned on after the job had allocated memory (a snapshot does not say
-    /// which, so the ring buffer is named only where the count suggests it).
-    pub fn why(entries: usize) -> String {
-        if entries == 0 {
-            "no trace entries: only the final state is known".to_string()
-        } else if entries >= 1000 && entries.is_multiple_of(1000) {
-            format!("the trace holds exactly {entries} entries, as a full ring buffer of max_entries does: older entries were dropped")
-        } else {
-            "memory history was turned on after the job had allocated memory".to_string()
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.segments.is_empty()
-    }
-    /// Reserved bytes (segments plus mapped pages).
-    pub fn reserved_bytes(&self) -> u64 {
-        self.segments.iter().map(|s| s.size).sum()
-    }
-    pub fn allocated_blocks(&self) -> usize {
-        self.blocks.iter().filter(|b| !b.pending).count()
-    }
-    pub fn allocated_bytes(&self) -> u64 {
-        self.blocks.iter().filter(|b| !b.pending).map(|b| b.size).sum()
-    }
-    pub fn pending_blocks(&self) -> usize {
-        self.blocks.iter().filter(|b| b.pending).count()
-    }
-    /// Segment addresses (non-expandable) and reservation bases (expandable), in restore order,
-    /// for a recorded placement.
-    pub fn placement_lists(&self) -> (Vec<(u64, u64)>, Vec<u64>) {
-        let segs = self.segments.iter().filter(|s| !s.expandable).map(|s| (s.addr, s.size)).collect();
-        let res = self.segments.iter().filter(|s| s.expandable).map(|s| s.addr).collect();
-        (segs, res)
+/// Why a trace of `entries` entries starts from this state, in words: with no entries, there
+/// is no history at all; with a round number of them (a multiple of 1000), the ring buffer of
+/// `_record_memory_history(max_entries=…)` was most likely full and dropped older entries;
+/// else history was turned on after the job had allocated memory (a snapshot does not say
+/// which, so the ring buffer is named only where the count suggests it).
+pub fn why_mid_history(entries: usize) -> String {
+    if entries == 0 {
+        "no trace entries: only the final state is known".to_string()
+    } else if entries >= 1000 && entries.is_multiple_of(1000) {
+        format!("the trace holds exactly {entries} entries, as a full ring buffer of max_entries does: older entries were dropped")
+    } else {
+        "memory history was turned on after the job had allocated memory".to_string()
     }
 }
 
@@ -253,6 +183,27 @@ fn map_range(m: &mut Mapped, a: u64, len: u64, stream: u64) -> bool {
     }
     m.insert(start, (end, stream));
     true
+}
+
+/// The program of one device's trace (`allocsim_program::Program::build_from`), starting from
+/// the state at its first entry where it starts mid-history: [`reconstruct`]ed under the settings
+/// the trace was recorded under (`config`: its rounding and split rules) on a device of
+/// `device_memory` bytes (the expandable segments' reservation size). Where reconstruction fails
+/// without a sign of truncation ([`starts_mid_history`]), the inconsistency lies in the final
+/// segments (absent, or from another moment), not in the trace: the replay starts from empty
+/// without a note.
+pub fn build_program(trace: &[TraceEntry], segments: &[SnapshotSegment], config: &AllocatorConfig, device_memory: u64) -> Program {
+    let (initial, error) = match reconstruct(trace, segments, config, device_memory) {
+        Ok(s) if s.is_empty() => (None, None),
+        Ok(s) => (Some(s), None),
+        Err(e) => (None, starts_mid_history(trace).then_some(e)),
+    };
+    Program::build_from(trace, segments, config, initial, error)
+}
+
+/// [`build_program`] under torch's default settings on an H200 (for traces recorded so).
+pub fn build_program_default(trace: &[TraceEntry], segments: &[SnapshotSegment]) -> Program {
+    build_program(trace, segments, &AllocatorConfig::default(), H200_TOTAL_MEMORY)
 }
 
 /// The state at the trace's first entry, from the final `segments` of this device undone
@@ -498,7 +449,7 @@ pub fn reconstruct(trace: &[TraceEntry], segments: &[SnapshotSegment], config: &
     Ok(out)
 }
 
-/// Whether a trace that [`crate::program::starts_mid_history`] does not flag starts from an empty
+/// Whether a trace that [`starts_mid_history`] does not flag starts from an empty
 /// allocator as far as [`reconstruct`] is concerned, decided entry by entry (for a stream, which
 /// cannot be undone backwards): [`EmptyStart::finish`] is true when `reconstruct` can only find an
 /// empty state or fail, both of which replay from an empty allocator without a note.
