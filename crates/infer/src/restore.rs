@@ -56,11 +56,11 @@ use allocsim_program::program::Program;
 
 use crate::mid_history::starts_mid_history;
 
-/// Why a trace of `entries` entries starts from this state, in words: with no entries, there
-/// is no history at all; with a round number of them (a multiple of 1000), the ring buffer of
-/// `_record_memory_history(max_entries=…)` was most likely full and dropped older entries;
-/// else history was turned on after the job had allocated memory (a snapshot does not say
-/// which, so the ring buffer is named only where the count suggests it).
+/// Why a trace of `entries` entries starts mid-history (from an [`InitialState`]), in words: with
+/// no entries, there is no history at all; with a round number of them (a multiple of 1000), the
+/// ring buffer of `_record_memory_history(max_entries=…)` was most likely full and dropped older
+/// entries; else history was turned on after the job had allocated memory (a snapshot does not
+/// say which, so the ring buffer is named only where the count suggests it).
 pub fn why_mid_history(entries: usize) -> String {
     if entries == 0 {
         "no trace entries: only the final state is known".to_string()
